@@ -1,0 +1,368 @@
+"""The client API: :class:`Runtime`.
+
+``Runtime(registry)`` with no Redis URL is the embedded default: an in-process
+fakeredis and a worker in the same process. With ``redis_url`` it is a client of
+a shared Redis; pass ``run_worker=True`` to also run a worker in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from .config import Settings
+from .errors import (
+    EntityNotFoundError,
+    EventDecodeError,
+    UnknownEntityTypeError,
+    WaitTimeoutError,
+    WakefulError,
+)
+from .events import (
+    Created,
+    EntityFailed,
+    LogRecord,
+    Message,
+    Resumed,
+    UndecodableRecord,
+    decode_entry,
+    encode_event,
+    pack,
+    unpack,
+)
+from .keys import Keyspace
+from .registry import Registry
+from .state import EntityState
+from .store import Store
+from .streamids import ZERO, id_gt
+from .urls import entity_url, parse_url
+from .worker import Worker
+
+
+@dataclass(frozen=True)
+class EntityStatus:
+    url: str
+    type: str
+    status: str  # "idle", "pending" (inputs not yet processed) or "failed"
+    cursor: str
+    last_input: str
+    attempts: int
+    error: str | None
+    parent: str | None
+    args: Any
+    created_id: str
+
+
+class Runtime:
+    def __init__(
+        self,
+        registry: Registry | None = None,
+        *,
+        redis_url: str | None = None,
+        settings: Settings | None = None,
+        run_worker: bool | None = None,
+        redis: Redis | None = None,
+    ) -> None:
+        base = settings or Settings.from_env()
+        if redis_url is not None:
+            base = Settings(**{**_fields(base), "redis_url": redis_url})
+        self.settings = base
+        self.registry = registry or Registry()
+        self.embedded = redis is None and base.redis_url is None
+        self._run_worker = self.embedded if run_worker is None else run_worker
+        self._redis = redis
+        self._embedded_server: Any = None
+        self.store: Store | None = None
+        self.worker: Worker | None = None
+        self._worker_task: asyncio.Task[None] | None = None
+        self._published_types: dict[str, bytes] | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> Runtime:
+        s = self.settings
+        if self._redis is None:
+            if self.embedded:
+                from .embedded import embedded_redis
+
+                self._redis = embedded_redis()
+            else:
+                self._redis = Redis.from_url(s.redis_url, decode_responses=False)
+        keys = Keyspace(s.prefix, s.partitions)
+        self.store = Store(self._redis, keys, idempotency_ttl_ms=s.idempotency_ttl_s * 1000)
+        await self.store.setup()
+        if self._run_worker:
+            self.worker = Worker(self.registry, self.store, s)
+            self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
+            await self._wait_worker_ready()
+        return self
+
+    async def _wait_worker_ready(self) -> None:
+        assert self.worker is not None and self._worker_task is not None
+        ready = asyncio.create_task(self.worker.ready.wait())
+        await asyncio.wait({ready, self._worker_task}, return_when=asyncio.FIRST_COMPLETED)
+        if self._worker_task.done():
+            ready.cancel()
+            self._worker_task.result()  # raises the worker's startup error
+
+    async def close(self) -> None:
+        if self.worker is not None and self._worker_task is not None:
+            self.worker.stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker_task
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> Runtime:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def _store(self) -> Store:
+        if self.store is None:
+            raise WakefulError("the runtime is not started: use 'async with Runtime(...)'")
+        return self.store
+
+    # -- sending ---------------------------------------------------------------
+
+    async def _check_type(self, type_name: str) -> None:
+        """Sending to an unregistered type fails at the sender."""
+        if type_name in self.registry:
+            return
+        if self._published_types is None or type_name.encode() not in self._published_types:
+            raw = await self._store.redis.hgetall(self._store.keys.types)
+            self._published_types = {k.decode(): v for k, v in raw.items()}
+        if type_name not in self._published_types:
+            known = sorted({*self.registry.names(), *self._published_types})
+            raise UnknownEntityTypeError(type_name, known)
+
+    async def send(
+        self,
+        url: str,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        identity: dict[str, str] | None = None,
+        client_data: Any = None,
+        sender: str | None = None,
+    ) -> str:
+        """Append a message to the entity's log (creating the entity) and wake it.
+
+        Returns the event id. The same ``idempotency_key`` twice returns the first
+        event's id and appends nothing.
+        """
+        parsed = parse_url(url)
+        await self._check_type(parsed.type)
+        limit = self.settings.max_event_bytes
+        message = encode_event(
+            Message(
+                payload=payload,
+                sender=sender,
+                identity=identity,
+                client_data=client_data,
+                idempotency_key=idempotency_key,
+            ),
+            limit=limit,
+            what=f"message to {url}",
+        )
+        result = await self._store.append_input(
+            url,
+            parsed.type,
+            created=encode_event(Created(type=parsed.type), limit=limit),
+            message=message,
+            args=pack(None),
+            idempotency_key=idempotency_key,
+        )
+        return result.id
+
+    async def create(
+        self,
+        type_name: str,
+        entity_id: str,
+        args: Any = None,
+        *,
+        initial_message: Any = None,
+        parent: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Create an entity with ``args`` (get-or-create) and optionally send it a first message.
+
+        Creating an existing entity with the same args returns its url and sends
+        nothing; with different args it raises :class:`ArgsConflictError`.
+        """
+        url = entity_url(type_name, entity_id)
+        await self._check_type(type_name)
+        if type_name in self.registry:
+            args = self.registry.get(type_name).validate_args(args)
+        else:
+            args = msgspec.to_builtins(args)
+        limit = self.settings.max_event_bytes
+        message = None
+        if initial_message is not None:
+            message = encode_event(
+                Message(payload=initial_message, sender=parent), limit=limit,
+                what=f"initial message to {url}",
+            )
+        await self._store.append_input(
+            url,
+            type_name,
+            created=encode_event(
+                Created(type=type_name, args=args, parent=parent), limit=limit, what="args"
+            ),
+            message=message,
+            args=pack(args),
+            parent=parent or "",
+            create=True,
+            idempotency_key=idempotency_key,
+        )
+        return url
+
+    async def resume(self, url: str, *, skip_failed: bool = False) -> None:
+        """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
+        moves the cursor past the inputs of the failure (dead-lettering them)."""
+        meta = await self._meta(url)
+        if meta.get("status") != b"failed":
+            raise WakefulError(f"entity {url} is not failed; nothing to resume")
+        skipped: list[str] = []
+        if skip_failed:
+            failure = await self._last_failure(url)
+            skipped = failure.inputs if failure else []
+        s = self._store
+        k = s.keys
+        fields: dict[str, Any] = {"status": "active", "attempts": 0, "error": ""}
+        cursor = meta["cursor"].decode()
+        for skip in skipped:
+            if id_gt(skip, cursor):
+                cursor = skip
+        fields["cursor"] = cursor
+        pipe = s.redis.pipeline(transaction=True)
+        pipe.hset(k.meta(url), mapping=fields)
+        pipe.xadd(k.log(url), {"e": encode_event(Resumed(skipped=skipped), limit=1 << 30)})
+        pipe.xadd(k.inbox(k.partition(url)), {"u": url})
+        await pipe.execute()
+
+    async def _last_failure(self, url: str) -> EntityFailed | None:
+        entries = await self._store.redis.xrevrange(self._store.keys.log(url), count=200)
+        for entry_id, fields in entries:
+            with contextlib.suppress(EventDecodeError):
+                record = decode_entry(entry_id.decode(), fields, url)
+                if isinstance(record.event, EntityFailed):
+                    return record.event
+        return None
+
+    # -- reading ---------------------------------------------------------------
+
+    async def _meta(self, url: str) -> dict[str, bytes]:
+        parse_url(url)
+        meta = await self._store.meta(url)
+        if not meta:
+            raise EntityNotFoundError(url)
+        return meta
+
+    async def status(self, url: str) -> EntityStatus:
+        meta = await self._meta(url)
+        cursor = meta["cursor"].decode()
+        last_input = meta["last_in"].decode()
+        if meta.get("status") == b"failed":
+            status = "failed"
+        elif id_gt(last_input, cursor):
+            status = "pending"
+        else:
+            status = "idle"
+        return EntityStatus(
+            url=url,
+            type=meta["type"].decode(),
+            status=status,
+            cursor=cursor,
+            last_input=last_input,
+            attempts=int(meta.get("attempts", 0)),
+            error=(meta.get("error") or b"").decode() or None,
+            parent=(meta.get("parent") or b"").decode() or None,
+            args=unpack(meta["args"]) if meta.get("args") else None,
+            created_id=meta["created"].decode(),
+        )
+
+    async def list(self, type_name: str) -> list[str]:
+        """Urls of all entities of ``type_name``."""
+        await self._check_type(type_name)
+        return await self._store.entity_urls(type_name)
+
+    async def state(self, url: str) -> dict[str, list[Any]]:
+        """The entity's collections as committed (snapshot + log), as plain data."""
+        meta = await self._meta(url)
+        collections = {}
+        type_name = meta["type"].decode()
+        if type_name in self.registry:
+            collections = self.registry.get(type_name).state
+        loaded = await self._store.load(url, None)
+        state = (
+            EntityState.from_snapshot(loaded.snapshot, collections)
+            if loaded.snapshot
+            else EntityState(collections)
+        )
+        for entry_id, fields in loaded.entries:
+            state.apply_event(decode_entry(entry_id, fields, url).event)
+        return state.to_builtins()
+
+    async def events(
+        self,
+        url: str,
+        *,
+        after: str | None = None,
+        follow: bool = False,
+        block_ms: int = 5000,
+    ) -> AsyncIterator[LogRecord | UndecodableRecord]:
+        """The entity log after ``after``; with ``follow`` it waits for new events forever.
+
+        An entry that fails to decode is yielded as an :class:`UndecodableRecord`
+        with its stream id, never skipped.
+        """
+        parse_url(url)
+        position = after or ZERO
+        while True:
+            entries = await self._store.read_log(url, position)
+            if not entries and follow:
+                entries = await self._store.follow_log(url, position, block_ms)
+            if not entries and not follow:
+                return
+            for entry_id, fields in entries:
+                position = entry_id
+                try:
+                    yield decode_entry(entry_id, fields, url)
+                except EventDecodeError as exc:
+                    yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+
+    async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
+        """Wait until every input sent so far has been processed (or the entity failed)."""
+        deadline = time.monotonic() + timeout
+        pubsub = self._store.redis.pubsub()
+        await pubsub.subscribe(self._store.keys.idle_channel(url))
+        try:
+            while True:
+                status = await self.status(url)
+                if status.status != "pending":
+                    return status
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WaitTimeoutError(
+                        f"{url} still has unprocessed input after {timeout}s "
+                        f"(cursor {status.cursor}, last input {status.last_input})"
+                    )
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 0.25))
+        finally:
+            await pubsub.aclose()
+
+
+def _fields(settings: Settings) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}

@@ -1,0 +1,68 @@
+"""Runtime settings, from keyword arguments or ``WAKEFUL_*`` environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .events import DEFAULT_MAX_EVENT_BYTES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the runtime. ``Settings.from_env()`` reads ``WAKEFUL_<NAME>``.
+
+    ``redis_url=None`` selects the embedded default: an in-process fakeredis.
+    """
+
+    redis_url: str | None = None
+    prefix: str = "wk"
+    partitions: int = 16
+    lease_ttl_ms: int = 5000
+    max_concurrency: int = 256
+    read_count: int = 256
+    block_ms: int = 500
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    max_attempts: int = 5
+    retry_base_ms: int = 200
+    retry_max_ms: int = 30_000
+    snapshot_every: int = 1000
+    idempotency_ttl_s: int = 86_400
+    cache_size: int = 10_000
+    shutdown_grace_s: float = 30.0
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("partitions", "lease_ttl_ms", "max_concurrency", "read_count",
+                     "max_event_bytes", "max_attempts", "snapshot_every", "cache_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
+        if self.lease_ttl_ms < 300:
+            raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
+
+    @property
+    def heartbeat_ms(self) -> int:
+        return max(100, self.lease_ttl_ms // 3)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            var = f"WAKEFUL_{f.name.upper()}"
+            if var not in env:
+                continue
+            raw = env[var]
+            kind = type(f.default) if f.default is not None else str
+            try:
+                values[f.name] = kind(raw) if kind is not str else (raw or None)
+            except ValueError:
+                raise ConfigError(
+                    f"environment variable {var}={raw!r} is not a valid {kind.__name__}"
+                ) from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,14 @@
+"""The embedded default: an in-process fakeredis, for demos, tests and notebooks.
+
+Nothing is kept when the process exits. Two runtimes share data only if they
+are given the same :class:`fakeredis.FakeServer`.
+"""
+
+from __future__ import annotations
+
+import fakeredis
+from fakeredis.aioredis import FakeRedis
+
+
+def embedded_redis(server: fakeredis.FakeServer | None = None) -> FakeRedis:
+    return FakeRedis(server=server or fakeredis.FakeServer(), decode_responses=False)

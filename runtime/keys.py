@@ -1,0 +1,72 @@
+"""The Redis key layout.
+
+Every key of one partition carries the hash tag ``{pN}``, so a Lua script can
+touch an entity's log, its metadata and its partition's inbox atomically, on one
+Redis or on a Redis Cluster. An entity lives in partition
+``crc32(url) % partitions``.
+
+==========================================  =========================================
+key                                         what
+==========================================  =========================================
+``<prefix>:{pN}:log:<url>``                 entity log (stream), the source of truth
+``<prefix>:{pN}:meta:<url>``                entity metadata (hash)
+``<prefix>:{pN}:snap:<url>``                latest state snapshot (msgpack string)
+``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL)
+``<prefix>:{pN}:inbox``                     wake pointers of the partition (stream +
+                                            consumer group ``workers``)
+``<prefix>:{pN}:lease`` / ``:epoch``        partition lease ``<worker>:<epoch>`` (TTL)
+                                            and its fencing epoch counter
+``<prefix>:{pN}:type:<type>``               urls of one type in the partition (set)
+``<prefix>:workers``                        live workers (sorted set, score = expiry)
+``<prefix>:config``                         keyspace settings (partition count)
+``<prefix>:types``                          manifests published by workers (hash)
+==========================================  =========================================
+"""
+
+from __future__ import annotations
+
+import zlib
+
+GROUP = "workers"
+
+
+class Keyspace:
+    def __init__(self, prefix: str = "wk", partitions: int = 16) -> None:
+        self.prefix = prefix
+        self.partitions = partitions
+        self.workers = f"{prefix}:workers"
+        self.config = f"{prefix}:config"
+        self.types = f"{prefix}:types"
+
+    def partition(self, url: str) -> int:
+        return zlib.crc32(url.encode()) % self.partitions
+
+    def tag(self, partition: int) -> str:
+        return f"{self.prefix}:{{p{partition}}}"
+
+    def log(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:log:{url}"
+
+    def meta(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:meta:{url}"
+
+    def snap(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:snap:{url}"
+
+    def idem(self, url: str, key: str) -> str:
+        return f"{self.tag(self.partition(url))}:idem:{url}:{key}"
+
+    def inbox(self, partition: int) -> str:
+        return f"{self.tag(partition)}:inbox"
+
+    def lease(self, partition: int) -> str:
+        return f"{self.tag(partition)}:lease"
+
+    def epoch(self, partition: int) -> str:
+        return f"{self.tag(partition)}:epoch"
+
+    def typeset(self, partition: int, type_name: str) -> str:
+        return f"{self.tag(partition)}:type:{type_name}"
+
+    def idle_channel(self, url: str) -> str:
+        return f"{self.prefix}:idle:{url}"

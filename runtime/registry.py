@@ -1,0 +1,148 @@
+"""Entity types: name, description, declared state collections, args schema, handler."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
+from .urls import validate_type_name
+
+if TYPE_CHECKING:
+    from .context import HandlerContext
+
+Handler = Callable[["HandlerContext"], Awaitable[None]]
+_COLLECTION_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@dataclass(frozen=True)
+class Collection:
+    """A declared durable key/value collection of an entity type.
+
+    ``row`` is an optional msgspec Struct type; every write is validated against
+    it. Without it rows are free-form maps that must contain the primary key.
+    """
+
+    primary_key: str = "key"
+    row: type | None = None
+
+    def row_schema(self) -> dict[str, Any] | None:
+        return msgspec.json.schema(self.row) if self.row is not None else None
+
+
+@dataclass(frozen=True)
+class EntityType:
+    name: str
+    handler: Handler
+    description: str = ""
+    state: dict[str, Collection] = field(default_factory=dict)
+    args: type | None = None
+
+    def validate_args(self, args: Any) -> Any:
+        """Return args converted to builtins after checking them against ``self.args``."""
+        if self.args is None:
+            return msgspec.to_builtins(args) if args is not None else None
+        try:
+            typed = msgspec.convert(msgspec.to_builtins(args), self.args)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise InvalidArgsError(self.name, str(exc)) from exc
+        return msgspec.to_builtins(typed)
+
+    def typed_args(self, args: Any) -> Any:
+        if self.args is None or args is None:
+            return args
+        return msgspec.convert(args, self.args)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "args_schema": msgspec.json.schema(self.args) if self.args is not None else None,
+            "collections": {
+                name: {"primary_key": c.primary_key, "row_schema": c.row_schema()}
+                for name, c in self.state.items()
+            },
+        }
+
+
+class Registry:
+    """The set of entity types a worker can run and a client can address."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, EntityType] = {}
+
+    def register(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        description: str = "",
+        state: dict[str, Collection] | None = None,
+        args: type | None = None,
+    ) -> EntityType:
+        validate_type_name(name)
+        if name in self._types:
+            raise DuplicateTypeError(f"entity type {name!r} is already registered")
+        if not callable(handler):
+            raise TypeError(f"handler of entity type {name!r} must be an async callable")
+        collections = dict(state or {})
+        for cname, coll in collections.items():
+            if not isinstance(cname, str) or not _COLLECTION_RE.fullmatch(cname):
+                raise ValueError(
+                    f"collection name {cname!r} of entity type {name!r} must match "
+                    "[a-z][a-z0-9_]* (at most 64 characters)"
+                )
+            if not isinstance(coll, Collection):
+                raise TypeError(f"collection {cname!r} of {name!r} must be a Collection")
+            if coll.row is not None and coll.primary_key not in getattr(
+                coll.row, "__struct_fields__", ()
+            ):
+                raise ValueError(
+                    f"collection {cname!r} of {name!r}: row type {coll.row.__name__} has no "
+                    f"field {coll.primary_key!r} to use as primary key"
+                )
+        entity_type = EntityType(name, handler, description, collections, args)
+        self._types[name] = entity_type
+        return entity_type
+
+    def entity(
+        self,
+        name: str,
+        *,
+        description: str = "",
+        state: dict[str, Collection] | None = None,
+        args: type | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`."""
+
+        def decorate(handler: Handler) -> Handler:
+            self.register(name, handler, description=description, state=state, args=args)
+            return handler
+
+        return decorate
+
+    def get(self, name: str) -> EntityType:
+        try:
+            return self._types[name]
+        except KeyError:
+            raise UnknownEntityTypeError(name, list(self._types)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types
+
+    def __iter__(self) -> Iterator[EntityType]:
+        return iter(self._types.values())
+
+    def names(self) -> list[str]:
+        return list(self._types)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"version": 1, "types": [t.manifest() for t in self._types.values()]}
+
+    def manifest_json(self) -> str:
+        return json.dumps(self.manifest(), indent=2, sort_keys=False)

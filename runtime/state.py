@@ -1,0 +1,244 @@
+"""Durable key/value collections of one entity.
+
+:class:`EntityState` holds every row as its msgpack encoding, keyed by primary
+key. Rows are decoded on read, so a caller always gets a fresh copy and can never
+change state behind the log's back. Writes go through :class:`Actions`: they are
+validated, applied to the in-memory state at once (reads see them) and buffered
+as :class:`~runtime.events.Op` records until the next commit point makes them
+durable as a ``state`` event. Folding those events in log order, from a snapshot
+or from the start, rebuilds the same state on any worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from .errors import (
+    DuplicateKeyError,
+    MissingKeyError,
+    RowValidationError,
+    UnknownCollectionError,
+)
+from .events import Op, StateChanged
+from .registry import Collection
+
+_encoder = msgspec.msgpack.Encoder()
+_any_decoder = msgspec.msgpack.Decoder()
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """Materialised state; the log position it covers is ``snap_upto`` in the metadata."""
+
+    v: int = 1
+    rows: dict[str, dict[Any, msgspec.Raw]]
+
+
+class EntityState:
+    """Rows of every collection of one entity, as encoded bytes."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, collections: dict[str, Collection] | None = None) -> None:
+        self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
+
+    def apply(self, ops: list[Op]) -> None:
+        for op in ops:
+            table = self.rows.setdefault(op.collection, {})
+            if op.op == "delete":
+                table.pop(op.key, None)
+            else:
+                table[op.key] = bytes(op.row)
+
+    def apply_event(self, event: object) -> None:
+        if isinstance(event, StateChanged):
+            self.apply(event.ops)
+
+    def snapshot(self) -> bytes:
+        rows = {
+            name: {key: msgspec.Raw(data) for key, data in table.items()}
+            for name, table in self.rows.items()
+        }
+        return _encoder.encode(Snapshot(rows=rows))
+
+    @classmethod
+    def from_snapshot(cls, data: bytes, collections: dict[str, Collection]) -> EntityState:
+        snap = msgspec.msgpack.decode(data, type=Snapshot)
+        state = cls(collections)
+        for name, table in snap.rows.items():
+            state.rows[name] = {key: bytes(raw) for key, raw in table.items()}
+        return state
+
+    def to_builtins(self) -> dict[str, list[Any]]:
+        return {
+            name: [_any_decoder.decode(data) for data in table.values()]
+            for name, table in self.rows.items()
+        }
+
+
+class CollectionView:
+    """Read access to one collection: ``get``, ``to_list``, ``len``, iteration, ``in``."""
+
+    __slots__ = ("_decoder", "_name", "_table")
+
+    def __init__(self, name: str, table: dict[Any, bytes], spec: Collection) -> None:
+        self._name = name
+        self._table = table
+        self._decoder = (
+            msgspec.msgpack.Decoder(spec.row) if spec.row is not None else _any_decoder
+        )
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        data = self._table.get(key)
+        return default if data is None else self._decoder.decode(data)
+
+    def to_list(self) -> list[Any]:
+        return [self._decoder.decode(data) for data in self._table.values()]
+
+    def keys(self) -> list[Any]:
+        return list(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._table
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.to_list())
+
+    def __repr__(self) -> str:
+        return f"<collection {self._name}: {len(self._table)} rows>"
+
+
+class Collections:
+    """``ctx.db.collections``: one :class:`CollectionView` per declared collection."""
+
+    def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
+        self._views = {
+            name: CollectionView(name, state.rows.setdefault(name, {}), spec)
+            for name, spec in specs.items()
+        }
+
+    def __getattr__(self, name: str) -> CollectionView:
+        try:
+            return self._views[name]
+        except KeyError:
+            raise UnknownCollectionError(_unknown(name, self._views)) from None
+
+    def __getitem__(self, name: str) -> CollectionView:
+        return self.__getattr__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+
+def _unknown(name: str, known: dict[str, Any]) -> str:
+    names = ", ".join(sorted(known)) or "none declared"
+    return f"no collection named {name!r} (collections: {names})"
+
+
+class Actions:
+    """``ctx.db.actions``: ``<name>_insert``, ``<name>_update``, ``<name>_delete``.
+
+    Each write is validated, applied to the in-memory state at once, and
+    buffered until the next commit point.
+    """
+
+    def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
+        self._state = state
+        self._specs = specs
+        self._decoders = {
+            name: msgspec.msgpack.Decoder(spec.row) for name, spec in specs.items() if spec.row
+        }
+        self.pending: list[Op] = []
+
+    def __getattr__(self, attr: str) -> Callable[..., Any]:
+        name, _, verb = attr.rpartition("_")
+        if name not in self._specs or verb not in ("insert", "update", "delete"):
+            raise UnknownCollectionError(
+                f"no action {attr!r}: actions are <collection>_insert, _update and _delete; "
+                + _unknown(name or attr, self._specs)
+            )
+        method = getattr(self, f"_{verb}")
+        return lambda **kwargs: method(name, **kwargs)
+
+    def take_pending(self) -> list[Op]:
+        ops, self.pending = self.pending, []
+        return ops
+
+    # -- the three writes --------------------------------------------------
+
+    def _insert(self, collection: str, *, row: Any) -> Any:
+        key, data, typed = self._validate(collection, row)
+        table = self._state.rows[collection]
+        if key in table:
+            raise DuplicateKeyError(collection, key)
+        table[key] = data
+        self.pending.append(Op("insert", collection, key, msgspec.Raw(data)))
+        return typed
+
+    def _update(self, collection: str, *, key: Any, updater: Callable[[Any], Any]) -> Any:
+        table = self._state.rows[collection]
+        current = table.get(key)
+        if current is None:
+            raise MissingKeyError(collection, key)
+        draft = self._decode(collection, current)
+        result = updater(draft)
+        new_row = draft if result is None else result
+        new_key, data, typed = self._validate(collection, new_row)
+        if new_key != key:
+            raise RowValidationError(
+                collection, f"an update may not change the primary key ({key!r} -> {new_key!r})"
+            )
+        table[key] = data
+        self.pending.append(Op("update", collection, key, msgspec.Raw(data)))
+        return typed
+
+    def _delete(self, collection: str, *, key: Any) -> None:
+        table = self._state.rows[collection]
+        if key not in table:
+            raise MissingKeyError(collection, key)
+        del table[key]
+        self.pending.append(Op("delete", collection, key))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _decode(self, collection: str, data: bytes) -> Any:
+        decoder = self._decoders.get(collection, _any_decoder)
+        return decoder.decode(data)
+
+    def _validate(self, collection: str, row: Any) -> tuple[Any, bytes, Any]:
+        """Encode ``row``, decode it with the row type (full validation) and find its key."""
+        spec = self._specs[collection]
+        try:
+            data = _encoder.encode(row)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise RowValidationError(collection, f"row cannot be encoded: {exc}") from exc
+        try:
+            typed = self._decode(collection, data)
+        except msgspec.ValidationError as exc:
+            raise RowValidationError(collection, str(exc)) from exc
+        if spec.row is not None:
+            key = getattr(typed, spec.primary_key)
+        elif isinstance(typed, dict) and spec.primary_key in typed:
+            key = typed[spec.primary_key]
+        else:
+            raise RowValidationError(
+                collection, f"row must be a map with the primary key field {spec.primary_key!r}"
+            )
+        if not isinstance(key, str | int) or isinstance(key, bool):
+            raise RowValidationError(
+                collection, f"primary key {spec.primary_key!r} must be a str or int, got {key!r}"
+            )
+        return key, data, typed
+
+
+class Database:
+    """``ctx.db``: ``collections`` to read, ``actions`` to write."""
+
+    def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
+        self.collections = Collections(state, specs)
+        self.actions = Actions(state, specs)

@@ -1,0 +1,318 @@
+"""All Redis access of the runtime: the scripts and the few plain commands.
+
+Nothing above this module builds a key or speaks a Redis command, so the data
+path is: client -> :meth:`Store.append_input` (SEND script) -> inbox ->
+worker :meth:`Store.read_inbox` -> :meth:`Store.load` (LOAD script) -> handler
+-> :meth:`Store.commit` (COMMIT script).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from . import lua
+from .batching import AutoPipeline
+from .errors import ArgsConflictError, ConfigError, FencedError
+from .keys import GROUP, Keyspace
+
+Entry = tuple[str, dict[bytes, bytes]]
+
+
+class Script:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+SEND = Script(lua.SEND)
+LOAD = Script(lua.LOAD)
+COMMIT = Script(lua.COMMIT)
+ACQUIRE = Script(lua.ACQUIRE)
+RENEW = Script(lua.RENEW)
+RELEASE = Script(lua.RELEASE)
+HEARTBEAT = Script(lua.HEARTBEAT)
+ALL_SCRIPTS = (SEND, LOAD, COMMIT, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
+
+
+class EntityGoneError(Exception):
+    """The entity was deleted (or deleted and re-created) while a wake ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    id: str
+    created_id: str
+    appended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    meta: dict[str, bytes]
+    snapshot: bytes | None
+    entries: list[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class Pointer:
+    """A wake pointer read from a partition inbox."""
+
+    partition: int
+    entry_id: str
+    url: str
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(raw: list[Any]) -> list[Entry]:
+    """Normalise stream entries from a Lua reply ([id, [f, v, ...]]) or redis-py."""
+    out: list[Entry] = []
+    for entry_id, fields in raw:
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append((_s(entry_id), fields or {}))
+    return out
+
+
+class Store:
+    def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.idempotency_ttl_ms = idempotency_ttl_ms
+        self.batch = AutoPipeline(redis)
+
+    # -- setup ---------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Load the scripts and check the partition count against the keyspace."""
+        await self.load_scripts()
+        await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
+        stored = int(await self.redis.hget(self.keys.config, "partitions"))
+        if stored != self.keys.partitions:
+            raise ConfigError(
+                f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
+                f"but this process is configured with {self.keys.partitions}; "
+                "set WAKEFUL_PARTITIONS to match"
+            )
+
+    async def load_scripts(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for script in ALL_SCRIPTS:
+            pipe.script_load(script.source)
+        await pipe.execute()
+
+    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run a script through the auto-pipeline, reloading it after a Redis restart."""
+        for attempt in (0, 1):
+            try:
+                return await self.batch.execute(
+                    lambda pipe: pipe.evalsha(script.sha, len(keys), *keys, *args)
+                )
+            except NoScriptError:
+                if attempt:
+                    raise
+                await self.load_scripts()
+            except ResponseError as exc:
+                if attempt or "NOSCRIPT" not in str(exc):
+                    raise
+                await self.load_scripts()
+        raise AssertionError("unreachable")
+
+    # -- inputs --------------------------------------------------------------
+
+    async def append_input(
+        self,
+        url: str,
+        type_name: str,
+        *,
+        created: bytes,
+        message: bytes | None = None,
+        args: bytes = b"",
+        parent: str = "",
+        create: bool = False,
+        idempotency_key: str | None = None,
+    ) -> SendResult:
+        """Append an input event (creating the entity if needed) and a wake pointer."""
+        k = self.keys
+        p = k.partition(url)
+        idem_key = k.idem(url, idempotency_key) if idempotency_key else k.idem(url, "-")
+        reply = await self._run(
+            SEND,
+            [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)],
+            [
+                url,
+                type_name,
+                str(self.idempotency_ttl_ms) if idempotency_key else "",
+                "create" if create else "send",
+                args,
+                created,
+                parent,
+                message or b"",
+            ],
+        )
+        code, event_id, created_id = int(reply[0]), _s(reply[1]), _s(reply[2])
+        if code == -1:
+            raise ArgsConflictError(url)
+        return SendResult(event_id, created_id, code == 1)
+
+    # -- reading -------------------------------------------------------------
+
+    async def load(self, url: str, after: str | None, page: int = 1000) -> Loaded:
+        """Metadata plus the log after ``after`` (or after the snapshot when None)."""
+        k = self.keys
+        meta_flat, snapshot, raw = await self._run(
+            LOAD, [k.meta(url), k.snap(url), k.log(url)], [after or "", page]
+        )
+        meta = {_s(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+        entries = _entries(raw)
+        while len(raw) == page:
+            raw = await self.redis.xrange(k.log(url), f"({entries[-1][0]}", "+", count=page)
+            entries.extend(_entries(raw))
+        return Loaded(meta, snapshot, entries)
+
+    async def read_log(
+        self, url: str, after: str | None = None, count: int = 1000
+    ) -> list[Entry]:
+        start = f"({after}" if after and after != "0-0" else "-"
+        return _entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
+
+    async def follow_log(self, url: str, after: str, block_ms: int, count: int = 1000) -> list[Entry]:
+        reply = await self.redis.xread({self.keys.log(url): after}, count=count, block=block_ms)
+        return _entries(reply[0][1]) if reply else []
+
+    async def meta(self, url: str) -> dict[str, bytes]:
+        raw = await self.redis.hgetall(self.keys.meta(url))
+        return {_s(f): v for f, v in raw.items()}
+
+    async def snapshot(self, url: str) -> bytes | None:
+        return await self.redis.get(self.keys.snap(url))
+
+    async def entity_urls(self, type_name: str) -> list[str]:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.smembers(self.keys.typeset(p, type_name))
+        members = await pipe.execute()
+        return sorted(_s(url) for group in members for url in group)
+
+    # -- commits -------------------------------------------------------------
+
+    async def commit(
+        self,
+        url: str,
+        token: str,
+        *,
+        events: list[bytes] = (),  # type: ignore[assignment]
+        cursor: str = "",
+        acks: list[str] = (),  # type: ignore[assignment]
+        fields: dict[str, Any] | None = None,
+        created: str = "",
+        snapshot: bytes = b"",
+        snapshot_upto: str = "",
+    ) -> list[str]:
+        """Fenced commit: append events, ack wake pointers, advance the cursor.
+
+        A snapshot must hold the state folded up to ``snapshot_upto``, the last
+        log entry the wake read; state events after it are re-applied on load,
+        which is harmless because every op sets or deletes a whole row.
+
+        Raises :class:`FencedError` if ``token`` no longer holds the partition
+        lease, :class:`EntityGoneError` if the entity's incarnation changed.
+        """
+        k = self.keys
+        p = k.partition(url)
+        flat_fields = [x for pair in (fields or {}).items() for x in pair]
+        reply = await self._run(
+            COMMIT,
+            [k.lease(p), k.log(url), k.meta(url), k.inbox(p), k.snap(url)],
+            [
+                token,
+                GROUP,
+                cursor,
+                created,
+                len(events),
+                len(acks),
+                len(flat_fields),
+                snapshot,
+                snapshot_upto,
+                k.idle_channel(url),
+                *events,
+                *acks,
+                *flat_fields,
+            ],
+        )
+        status = _s(reply[0])
+        if status == "FENCED":
+            raise FencedError(f"commit for {url} refused: lease {token} of partition {p} is lost")
+        if status == "GONE":
+            raise EntityGoneError(url)
+        return [_s(i) for i in reply[1:]]
+
+    # -- partitions: leases, inbox -------------------------------------------
+
+    async def heartbeat(self, worker_id: str, ttl_ms: int | None) -> list[str]:
+        reply = await self.redis.evalsha(
+            HEARTBEAT.sha, 1, self.keys.workers, worker_id, "" if ttl_ms is None else ttl_ms
+        )
+        return [_s(w) for w in reply]
+
+    async def acquire(self, partition: int, worker_id: str, ttl_ms: int) -> str | None:
+        k = self.keys
+        reply = await self._run(
+            ACQUIRE, [k.lease(partition), k.epoch(partition)], [worker_id, ttl_ms]
+        )
+        return _s(reply) if reply else None
+
+    async def renew(self, partition: int, token: str, ttl_ms: int) -> bool:
+        return bool(await self._run(RENEW, [self.keys.lease(partition)], [token, ttl_ms]))
+
+    async def release(self, partition: int, token: str) -> bool:
+        return bool(await self._run(RELEASE, [self.keys.lease(partition)], [token]))
+
+    async def lease_owner(self, partition: int) -> str | None:
+        value = await self.redis.get(self.keys.lease(partition))
+        return _s(value) if value else None
+
+    async def ensure_group(self, partition: int) -> None:
+        try:
+            await self.redis.xgroup_create(self.keys.inbox(partition), GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read_inbox(
+        self, partitions: list[int], consumer: str, count: int, block_ms: int
+    ) -> list[Pointer]:
+        streams = {self.keys.inbox(p): ">" for p in partitions}
+        reply = await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+        by_key = {self.keys.inbox(p): p for p in partitions}
+        return [
+            Pointer(by_key[_s(stream)], _s(entry_id), _s(fields[b"u"]))
+            for stream, entries in (reply or [])
+            for entry_id, fields in entries
+            if fields
+        ]
+
+    async def claim_pending(
+        self, partition: int, consumer: str, min_idle_ms: int, count: int = 1000
+    ) -> list[Pointer]:
+        """Take over pointers read but never acked by anyone (a crashed or fenced owner)."""
+        key = self.keys.inbox(partition)
+        out: list[Pointer] = []
+        start = "0-0"
+        while True:
+            reply = await self.redis.xautoclaim(
+                key, GROUP, consumer, min_idle_ms, start_id=start, count=count
+            )
+            next_start, entries = _s(reply[0]), reply[1]
+            out.extend(
+                Pointer(partition, _s(eid), _s(fields[b"u"])) for eid, fields in entries if fields
+            )
+            if next_start == "0-0":
+                return out
+            start = next_start

@@ -1,0 +1,92 @@
+"""Entity URLs: ``/<type>/<id>``.
+
+Rules (checked by :func:`parse_url` and :func:`entity_url`):
+
+* ``type``: 1-64 characters, lowercase ASCII letters, digits, ``_`` and ``-``,
+  starting with a letter. Example: ``assistant``, ``web-researcher``.
+* ``id``: 1-200 characters from ``A-Z a-z 0-9 . _ ~ : @ -``, starting with a
+  letter or digit. These are all URL-safe, so an entity URL never needs escaping
+  in HTTP paths, Redis keys or log lines. ``/``, spaces, braces and other
+  characters are rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from .errors import InvalidTypeNameError, InvalidUrlError
+
+TYPE_MAX = 64
+ID_MAX = 200
+_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@-]*")
+
+
+class EntityUrl(NamedTuple):
+    type: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"/{self.type}/{self.id}"
+
+
+def _type_problem(name: object) -> str | None:
+    if not isinstance(name, str):
+        return f"must be a string, not {type(name).__name__}"
+    if not name:
+        return "must not be empty"
+    if len(name) > TYPE_MAX:
+        return f"is {len(name)} characters long, the limit is {TYPE_MAX}"
+    if not _TYPE_RE.fullmatch(name):
+        return "must start with a lowercase letter and use only a-z, 0-9, '_' and '-'"
+    return None
+
+
+def _id_problem(entity_id: object) -> str | None:
+    if not isinstance(entity_id, str):
+        return f"must be a string, not {type(entity_id).__name__}"
+    if not entity_id:
+        return "must not be empty"
+    if len(entity_id) > ID_MAX:
+        return f"is {len(entity_id)} characters long, the limit is {ID_MAX}"
+    if not _ID_RE.fullmatch(entity_id):
+        bad = sorted({c for c in entity_id if not re.fullmatch(r"[A-Za-z0-9._~:@-]", c)})
+        if bad:
+            return f"contains characters that are not allowed: {''.join(bad)!r}"
+        return "must start with a letter or a digit"
+    return None
+
+
+def validate_type_name(name: object) -> str:
+    """Return ``name`` if it is a valid entity type name, else raise InvalidTypeNameError."""
+    problem = _type_problem(name)
+    if problem:
+        raise InvalidTypeNameError(f"invalid entity type name {name!r}: {problem}")
+    return name  # type: ignore[return-value]
+
+
+def entity_url(type_name: str, entity_id: str) -> str:
+    """Build ``/<type>/<id>`` after validating both parts."""
+    if problem := _type_problem(type_name):
+        raise InvalidUrlError(type_name, "type", problem)
+    if problem := _id_problem(entity_id):
+        raise InvalidUrlError(entity_id, "id", problem)
+    return f"/{type_name}/{entity_id}"
+
+
+def parse_url(url: object) -> EntityUrl:
+    """Parse and validate an entity URL, naming the part that is wrong."""
+    if not isinstance(url, str):
+        raise InvalidUrlError(url, "url", f"must be a string, not {type(url).__name__}")
+    if not url.startswith("/"):
+        raise InvalidUrlError(url, "url", "must start with '/' (expected /<type>/<id>)")
+    parts = url[1:].split("/")
+    if len(parts) != 2:
+        raise InvalidUrlError(url, "url", "must have exactly two parts: /<type>/<id>")
+    type_name, entity_id = parts
+    if problem := _type_problem(type_name):
+        raise InvalidUrlError(type_name, "type", problem)
+    if problem := _id_problem(entity_id):
+        raise InvalidUrlError(entity_id, "id", problem)
+    return EntityUrl(type_name, entity_id)

@@ -1,0 +1,578 @@
+"""The worker: owns partitions through fenced leases and wakes entity handlers.
+
+One worker process runs three kinds of task:
+
+* the **lease loop** heartbeats the worker into ``<prefix>:workers``, computes
+  which partitions it should own (rendezvous hashing over the live workers),
+  renews, acquires and hands back leases, and sweeps each owned inbox for wake
+  pointers that a crashed or fenced owner read but never acknowledged;
+* the **read loop** blocks on XREADGROUP over the owned inboxes and hands each
+  wake pointer to the entity's runner;
+* one **runner** per busy entity runs its activations one at a time (single
+  writer), at most ``max_concurrency`` activations at once worker-wide.
+
+An activation (:meth:`Worker._activate`) loads the entity (warm cache or
+snapshot + log tail, one script call), runs the handler on the inputs after the
+cursor, and commits with one fenced script that appends the writes, advances the
+cursor and acknowledges the wake pointers. A worker that lost its lease cannot
+commit, so a zombie writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+import traceback
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .config import Settings
+from .context import CancelSignal, HandlerContext, WakeInfo
+from .errors import EventDecodeError, FencedError, UnknownEntityTypeError
+from .events import (
+    EntityFailed,
+    Event,
+    HandlerFailed,
+    LogRecord,
+    StateChanged,
+    decode_entry,
+    encode_event,
+    unpack,
+)
+from .registry import EntityType, Registry
+from .state import Database, EntityState
+from .store import EntityGoneError, Loaded, Pointer, Store
+from .streamids import ZERO, id_gt, max_id
+from .urls import parse_url
+
+log = logging.getLogger("wakeful.worker")
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def rendezvous_owner(partition: int, workers: list[str]) -> str | None:
+    """The worker that should own ``partition``: stable, and moves few partitions on change."""
+    if not workers:
+        return None
+    return max(workers, key=lambda w: zlib.crc32(f"{w}/{partition}".encode()))
+
+
+@dataclass
+class Lease:
+    token: str
+    valid_until: float  # time.monotonic(); conservative: measured from before the renew call
+    draining: bool = False
+
+    def valid(self) -> bool:
+        return time.monotonic() < self.valid_until
+
+
+@dataclass
+class Runner:
+    """Runs the activations of one entity, one at a time."""
+
+    url: str
+    partition: int
+    entries: list[str] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    signal: CancelSignal = field(default_factory=CancelSignal)
+
+
+@dataclass
+class Cached:
+    """Warm state of an entity: valid for incarnation ``created``, folded up to ``pos``."""
+
+    state: EntityState
+    pos: str
+    created: str
+    since_snapshot: int
+
+
+class _Retry(Exception):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+
+class Worker:
+    def __init__(
+        self,
+        registry: Registry,
+        store: Store,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.settings = settings
+        self.id = worker_id or new_worker_id()
+        self.leases: dict[int, Lease] = {}
+        self._runners: dict[str, Runner] = {}
+        self._tracked: dict[int, set[str]] = {}
+        self._cache: OrderedDict[str, Cached] = OrderedDict()
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._stopping = asyncio.Event()
+        self._leases_changed = asyncio.Event()
+        self._room = asyncio.Event()
+        self._last_sweep = 0.0
+        self.ready = asyncio.Event()
+        self.stats = {"activations": 0, "handler_calls": 0, "commits_fenced": 0}
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask for a graceful shutdown; :meth:`run` returns once it is done."""
+        self._stopping.set()
+        self._leases_changed.set()
+
+    async def run(self) -> None:
+        await self.store.setup()
+        await self.store.redis.hset(
+            self.store.keys.types,
+            mapping={t.name: msgspec.json.encode(t.manifest()) for t in self.registry},
+        )
+        log.info("worker %s starting", self.id)
+        lease_task = asyncio.create_task(self._lease_loop(), name="wakeful-leases")
+        read_task = asyncio.create_task(self._read_loop(), name="wakeful-read")
+        try:
+            await self._stopping.wait()
+        finally:
+            read_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await read_task
+            await self._drain(self.settings.shutdown_grace_s)
+            lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lease_task
+            await self._release_all()
+            log.info("worker %s stopped", self.id)
+
+    async def _drain(self, grace: float) -> None:
+        """Let running activations finish; after ``grace`` seconds, cancel them."""
+        tasks = [r.task for r in self._runners.values() if r.task]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for runner in list(self._runners.values()):
+            runner.signal.cancel("worker shutting down")
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    async def _release_all(self) -> None:
+        with contextlib.suppress(*_TRANSIENT):
+            for partition, lease in list(self.leases.items()):
+                await self.store.release(partition, lease.token)
+            await self.store.heartbeat(self.id, None)
+        self.leases.clear()
+
+    # -- leases ----------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        interval = self.settings.heartbeat_ms / 1000
+        while True:
+            try:
+                await self._lease_tick()
+                self.ready.set()
+            except _TRANSIENT as exc:
+                log.warning("worker %s: lease tick failed: %s", self.id, exc)
+                self._expire_invalid_leases()
+            await asyncio.sleep(interval)
+
+    async def _lease_tick(self) -> None:
+        s = self.settings
+        live = await self.store.heartbeat(self.id, s.lease_ttl_ms * 2)
+        if self.id not in live:
+            live.append(self.id)
+        desired = {p for p in range(s.partitions) if rendezvous_owner(p, live) == self.id}
+        changed = False
+
+        for partition, lease in list(self.leases.items()):
+            started = time.monotonic()
+            if await self.store.renew(partition, lease.token, s.lease_ttl_ms):
+                lease.valid_until = started + s.lease_ttl_ms / 1000
+            else:
+                self._lose(partition, "lease lost")
+                changed = True
+
+        for partition in sorted(desired - self.leases.keys()):
+            started = time.monotonic()
+            token = await self.store.acquire(partition, self.id, s.lease_ttl_ms)
+            if token is None:
+                continue  # still held by its previous owner; it hands it over when it sees us
+            self.leases[partition] = Lease(token, started + s.lease_ttl_ms / 1000)
+            self._tracked.setdefault(partition, set())
+            await self.store.ensure_group(partition)
+            for pointer in await self.store.claim_pending(partition, self.id, 0):
+                self._schedule(pointer)
+            log.info("worker %s acquired partition %d (%s)", self.id, partition, token)
+            changed = True
+
+        for partition, lease in list(self.leases.items()):
+            if partition not in desired and not lease.draining:
+                lease.draining = True  # stop reading; released once its runners are done
+                changed = True
+            if lease.draining and not self._busy(partition):
+                await self.store.release(partition, lease.token)
+                self.leases.pop(partition, None)
+                self._tracked.pop(partition, None)
+                log.info("worker %s handed over partition %d", self.id, partition)
+
+        now = time.monotonic()
+        if now - self._last_sweep >= s.lease_ttl_ms / 1000:
+            self._last_sweep = now
+            for partition, lease in list(self.leases.items()):
+                if lease.draining:
+                    continue
+                for pointer in await self.store.claim_pending(partition, self.id, s.lease_ttl_ms):
+                    self._schedule(pointer)
+        if changed:
+            self._leases_changed.set()
+
+    def _expire_invalid_leases(self) -> None:
+        for partition, lease in list(self.leases.items()):
+            if not lease.valid():
+                self._lose(partition, "lease expired (Redis unreachable)")
+
+    def _lose(self, partition: int, reason: str) -> None:
+        log.warning("worker %s lost partition %d: %s", self.id, partition, reason)
+        self.leases.pop(partition, None)
+        self._tracked.pop(partition, None)
+        for runner in self._runners.values():
+            if runner.partition == partition:
+                runner.signal.cancel(reason)
+                runner.entries.clear()
+        self._leases_changed.set()
+
+    def _busy(self, partition: int) -> bool:
+        return any(r.partition == partition for r in self._runners.values())
+
+    def _token(self, partition: int) -> str | None:
+        lease = self.leases.get(partition)
+        return lease.token if lease is not None and lease.valid() else None
+
+    # -- reading ---------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        s = self.settings
+        max_backlog = s.max_concurrency * 4
+        while True:
+            partitions = [p for p, lease in self.leases.items() if not lease.draining and lease.valid()]
+            if not partitions:
+                self._leases_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._leases_changed.wait(), s.heartbeat_ms / 1000)
+                continue
+            if self._backlog() >= max_backlog:
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), 1.0)
+                continue
+            try:
+                pointers = await self.store.read_inbox(partitions, self.id, s.read_count, s.block_ms)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                for p in partitions:  # Redis lost the group (restart without persistence)
+                    await self.store.ensure_group(p)
+                continue
+            except _TRANSIENT as exc:
+                log.warning("worker %s: inbox read failed: %s", self.id, exc)
+                await asyncio.sleep(0.2)
+                continue
+            for pointer in pointers:
+                if self._token(pointer.partition) is not None:
+                    self._schedule(pointer)
+
+    def _backlog(self) -> int:
+        return sum(len(t) for t in self._tracked.values())
+
+    def _schedule(self, pointer: Pointer) -> None:
+        tracked = self._tracked.get(pointer.partition)
+        if tracked is None or pointer.entry_id in tracked:
+            return
+        tracked.add(pointer.entry_id)
+        runner = self._runners.get(pointer.url)
+        if runner is None:
+            runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
+        runner.entries.append(pointer.entry_id)
+        if runner.task is None:
+            runner.task = asyncio.create_task(self._run_entity(runner), name=f"wake {pointer.url}")
+
+    def _untrack(self, partition: int, entries: list[str]) -> None:
+        tracked = self._tracked.get(partition)
+        if tracked is not None:
+            tracked.difference_update(entries)
+        self._room.set()
+
+    # -- activations -------------------------------------------------------------
+
+    async def _run_entity(self, runner: Runner) -> None:
+        try:
+            while runner.entries and self._token(runner.partition) is not None:
+                entries, runner.entries = runner.entries, []
+                try:
+                    async with self._slots:
+                        await self._activate(runner, entries)
+                except _Retry as retry:
+                    runner.entries[:0] = entries  # keep them (unacked) for the next attempt
+                    await self._sleep_or_lose(runner, retry.delay)
+                except EntityGoneError:  # deleted or re-created meanwhile: look again
+                    self._cache.pop(runner.url, None)
+                    runner.entries[:0] = entries
+                except FencedError as exc:
+                    self.stats["commits_fenced"] += 1
+                    log.warning("worker %s: %s", self.id, exc)
+                    self._cache.pop(runner.url, None)
+                    self._untrack(runner.partition, entries)
+                except _TRANSIENT as exc:
+                    log.warning("worker %s: wake of %s interrupted: %s", self.id, runner.url, exc)
+                    self._cache.pop(runner.url, None)
+                    runner.entries[:0] = entries
+                    await self._sleep_or_lose(runner, 0.5)
+        except Exception:  # a bug in the runtime itself: keep the worker alive, leave entries pending
+            log.exception("worker %s: runner of %s crashed", self.id, runner.url)
+            self._cache.pop(runner.url, None)
+        finally:
+            self._untrack(runner.partition, runner.entries)
+            self._runners.pop(runner.url, None)
+
+    async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.signal.wait(), delay)
+
+    async def _activate(self, runner: Runner, entries: list[str]) -> None:
+        url, partition = runner.url, runner.partition
+        token = self._token(partition)
+        if token is None:
+            return
+        self.stats["activations"] += 1
+        cached = self._cache.get(url)
+        loaded = await self.store.load(url, cached.pos if cached else None)
+        meta = loaded.meta
+        created = (meta.get("created") or b"").decode()
+        if cached is not None and cached.created != created:
+            self._cache.pop(url, None)
+            cached = None
+            loaded = await self.store.load(url, None)
+            meta = loaded.meta
+            created = (meta.get("created") or b"").decode()
+        if not meta:  # deleted entity: nothing to wake, just acknowledge the pointers
+            await self.store.commit(url, token, acks=entries)
+            self._untrack(partition, entries)
+            return
+
+        cursor = meta["cursor"].decode()
+        type_name = meta["type"].decode()
+        try:
+            entity_type = self.registry.get(type_name)
+        except UnknownEntityTypeError as exc:
+            await self._park(url, token, entries, created, str(exc), [], int(meta.get("attempts", 0)))
+            return
+        try:
+            state, records, inputs, undecodable = self._rebuild(url, entity_type, cached, loaded, cursor)
+        except EventDecodeError as exc:  # a state event that cannot be read: state is unknown
+            await self._park(url, token, entries, created, str(exc), [exc.stream_id], 0)
+            return
+        pos = records[-1].id if records else (cached.pos if cached else ZERO)
+        since = (cached.since_snapshot if cached else 0) + len(loaded.entries)
+
+        if meta.get("status") == b"failed" or not (inputs or undecodable):
+            # Parked, or every input was already handled by an earlier wake.
+            self._remember(url, state, pos, created, since)
+            await self.store.commit(url, token, acks=entries, created=created)
+            self._untrack(partition, entries)
+            return
+        if undecodable:
+            error = "; ".join(str(e) for e in undecodable)
+            await self._park(url, token, entries, created, error, [e.stream_id for e in undecodable], 0)
+            return
+
+        await self._wake(runner, entity_type, token, entries, meta, state, inputs, pos, since)
+
+    def _rebuild(
+        self,
+        url: str,
+        entity_type: EntityType,
+        cached: Cached | None,
+        loaded: Loaded,
+        cursor: str,
+    ) -> tuple[EntityState, list[LogRecord], list[LogRecord], list[EventDecodeError]]:
+        """Fold the loaded log tail into the state; collect the inputs after the cursor."""
+        if cached is not None:
+            state = cached.state
+        elif loaded.snapshot is not None:
+            state = EntityState.from_snapshot(loaded.snapshot, entity_type.state)
+        else:
+            state = EntityState(entity_type.state)
+        records: list[LogRecord] = []
+        inputs: list[LogRecord] = []
+        undecodable: list[EventDecodeError] = []
+        for entry_id, fields in loaded.entries:
+            try:
+                record = decode_entry(entry_id, fields, url)
+            except EventDecodeError as exc:
+                if id_gt(entry_id, cursor):
+                    undecodable.append(exc)
+                else:  # at or before the cursor: handled or skipped by an operator
+                    log.warning("ignoring undecodable event at or before the cursor: %s", exc)
+                records.append(LogRecord(entry_id, Event()))
+                continue
+            records.append(record)
+            if isinstance(record.event, StateChanged):
+                state.apply(record.event.ops)
+            elif record.event.is_input and id_gt(entry_id, cursor):
+                inputs.append(record)
+        return state, records, inputs, undecodable
+
+    async def _wake(
+        self,
+        runner: Runner,
+        entity_type: EntityType,
+        token: str,
+        entries: list[str],
+        meta: dict[str, bytes],
+        state: EntityState,
+        inputs: list[LogRecord],
+        pos: str,
+        since: int,
+    ) -> None:
+        url, partition = runner.url, runner.partition
+        created = meta["created"].decode()
+        cursor = meta["cursor"].decode()
+        attempts = int(meta.get("attempts", 0))
+        db = Database(state, entity_type.state)
+        limit = self.settings.max_event_bytes
+
+        async def flush() -> None:
+            ops = db.actions.take_pending()
+            if ops:
+                await self.store.commit(
+                    url, token, events=[encode_event(StateChanged(ops=ops), limit=limit)],
+                    created=created,
+                )
+
+        parsed = parse_url(url)
+        raw_args = meta.get("args")
+        ctx = HandlerContext(
+            entity_url=url,
+            entity_type=parsed.type,
+            entity_id=parsed.id,
+            args=entity_type.typed_args(unpack(raw_args) if raw_args else None),
+            wake=WakeInfo(inputs),
+            first_wake=cursor == ZERO,
+            db=db,
+            signal=runner.signal,
+            flush=flush,
+        )
+        self.stats["handler_calls"] += 1
+        try:
+            await entity_type.handler(ctx)
+            ops = db.actions.take_pending()
+            events = [encode_event(StateChanged(ops=ops), limit=limit)] if ops else []
+        except (FencedError, *_TRANSIENT):
+            self._cache.pop(url, None)
+            raise
+        except Exception as exc:
+            self._cache.pop(url, None)  # the in-memory state holds writes that never committed
+            await self._handler_failed(url, token, entries, created, inputs, attempts, exc)
+            return
+
+        since += len(events)
+        snapshot = b""
+        if since >= self.settings.snapshot_every:
+            snapshot = state.snapshot()
+            since = 0
+        await self.store.commit(
+            url,
+            token,
+            events=events,
+            cursor=max_id([r.id for r in inputs]),
+            acks=entries,
+            created=created,
+            snapshot=snapshot,
+            snapshot_upto=pos,
+            fields={"attempts": 0} if attempts else None,
+        )
+        self._remember(url, state, pos, created, since)
+        self._untrack(partition, entries)
+
+    async def _handler_failed(
+        self,
+        url: str,
+        token: str,
+        entries: list[str],
+        created: str,
+        inputs: list[LogRecord],
+        attempts: int,
+        exc: Exception,
+    ) -> None:
+        attempt = attempts + 1
+        input_ids = [r.id for r in inputs]
+        failure = HandlerFailed(
+            error_type=type(exc).__name__,
+            error=str(exc),
+            traceback="".join(traceback.format_exception(exc))[-8000:],
+            attempt=attempt,
+            inputs=input_ids,
+        )
+        log.warning("handler of %s failed (attempt %d): %r", url, attempt, exc)
+        if attempt < self.settings.max_attempts:
+            await self.store.commit(
+                url,
+                token,
+                events=[encode_event(failure, limit=1 << 30)],
+                fields={"attempts": attempt},
+                created=created,
+            )
+            s = self.settings
+            raise _Retry(min(s.retry_base_ms * 2 ** (attempt - 1), s.retry_max_ms) / 1000)
+        error = f"{type(exc).__name__}: {exc}"
+        await self._park(url, token, entries, created, error, input_ids, attempt, failure)
+
+    async def _park(
+        self,
+        url: str,
+        token: str,
+        entries: list[str],
+        created: str,
+        error: str,
+        input_ids: list[str],
+        attempts: int,
+        failure: HandlerFailed | None = None,
+    ) -> None:
+        """Mark the entity failed. Its inputs stay in the log, unprocessed, until resumed."""
+        log.error("entity %s failed: %s", url, error)
+        events: list[Event] = [failure] if failure else []
+        events.append(EntityFailed(error=error, attempts=attempts, inputs=input_ids))
+        self._cache.pop(url, None)
+        await self.store.commit(
+            url,
+            token,
+            events=[encode_event(e, limit=1 << 30) for e in events],
+            acks=entries,
+            fields={"status": "failed", "error": error, "attempts": attempts},
+            created=created,
+        )
+        self._untrack(self.store.keys.partition(url), entries)
+
+    def _remember(self, url: str, state: EntityState, pos: str, created: str, since: int) -> None:
+        self._cache[url] = Cached(state, pos, created, since)
+        self._cache.move_to_end(url)
+        while len(self._cache) > self.settings.cache_size:
+            self._cache.popitem(last=False)
