@@ -1,0 +1,136 @@
+"""Test fixtures: every test that takes ``backend`` runs on fakeredis and on a real Redis.
+
+The real Redis is ``WAKEFUL_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``);
+``.ci/run`` starts one when none answers. Each test gets its own key prefix, so
+tests never see each other's data, and its keys are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from runtime import Registry, Runtime, Settings
+
+REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+BACKENDS = ["fake", "redis"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _real_redis_available() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REAL_REDIS_URL, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def real_redis_url() -> str:
+    if not _real_redis_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"no Redis answers at {REAL_REDIS_URL}; .ci/run should have started one")
+        pytest.skip(f"no Redis at {REAL_REDIS_URL}")
+    return REAL_REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def tcp_fake_url() -> Iterator[str]:
+    """A fakeredis server on a TCP port, so other processes can use the fake backend too."""
+    server = fakeredis.TcpFakeServer(("127.0.0.1", 0), server_type="redis")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    server.shutdown()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "redis":
+        request.getfixturevalue("real_redis_url")
+    return request.param
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def server_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A Redis URL reachable from other processes, for the current backend."""
+    return request.getfixturevalue("real_redis_url" if backend == "redis" else "tcp_fake_url")
+
+
+class Cluster:
+    """Builds runtimes (clients and in-process workers) that share one keyspace."""
+
+    def __init__(self, backend: str, prefix: str) -> None:
+        self.backend = backend
+        self.prefix = prefix
+        self.fake_server = fakeredis.FakeServer() if backend == "fake" else None
+        self.runtimes: list[Runtime] = []
+
+    def redis(self) -> Redis:
+        if self.fake_server is not None:
+            return fakeredis.aioredis.FakeRedis(server=self.fake_server)
+        return Redis.from_url(REAL_REDIS_URL)
+
+    def settings(self, **overrides: Any) -> Settings:
+        base: dict[str, Any] = {
+            "prefix": self.prefix,
+            "partitions": 4,
+            "lease_ttl_ms": 1000,
+            "block_ms": 100,
+            "retry_base_ms": 20,
+            "retry_max_ms": 200,
+            "shutdown_grace_s": 5,
+        }
+        base.update(overrides)
+        return Settings(**base)
+
+    async def runtime(
+        self, registry: Registry | None = None, *, run_worker: bool = True, **overrides: Any
+    ) -> Runtime:
+        rt = Runtime(
+            registry or Registry(),
+            settings=self.settings(**overrides),
+            run_worker=run_worker,
+            redis=self.redis(),
+        )
+        await rt.start()
+        self.runtimes.append(rt)
+        return rt
+
+    async def close(self) -> None:
+        for rt in reversed(self.runtimes):
+            await rt.close()
+        if self.backend == "redis":
+            r = Redis.from_url(REAL_REDIS_URL)
+            keys = [k async for k in r.scan_iter(match=f"{self.prefix}:*", count=1000)]
+            if keys:
+                await r.delete(*keys)
+            await r.aclose()
+
+
+@pytest.fixture
+async def cluster(backend: str, prefix: str) -> AsyncIterator[Cluster]:
+    c = Cluster(backend, prefix)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+MakeRuntime = Callable[..., Any]
