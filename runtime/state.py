@@ -166,8 +166,16 @@ class Actions:
         return lambda **kwargs: method(name, **kwargs)
 
     def take_pending(self) -> list[Op]:
+        """The buffered writes, coalesced: only the last write of each row is kept.
+
+        Every op sets or deletes a whole row, so the last one per key decides the
+        row's value and the earlier ones need not reach the log.
+        """
         ops, self.pending = self.pending, []
-        return ops
+        if len(ops) < 2:
+            return ops
+        last = {(op.collection, op.key): op for op in ops}
+        return list(last.values()) if len(last) < len(ops) else ops
 
     # -- the three writes --------------------------------------------------
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Run the lint and the whole test suite, on fakeredis and on a real Redis.
+# Starts a Redis on 127.0.0.1:6379 if none answers there (installing it if needed).
+source "$(dirname "$0")/_venv.sh" test
+
+redis_up() {
+  .venv/bin/python -c "import redis,sys; sys.exit(0 if redis.Redis(socket_connect_timeout=1).ping() else 1)" 2>/dev/null
+}
+if ! redis_up; then
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "installing redis-server (Debian package)"
+    (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+  fi
+  echo "starting redis-server on 127.0.0.1:6379"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --logfile /tmp/wakeful-test-redis.log
+  for _ in $(seq 50); do redis_up && break; sleep 0.1; done
+  redis_up || { echo "redis-server did not start; see /tmp/wakeful-test-redis.log"; exit 1; }
+fi
+
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,30 @@
+"""The README's quickstart and the demo must keep working as written."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_quickstart_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Quickstart\n\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    assert "{'counts': [{'key': 'total', 'n': 2}]}" in capsys.readouterr().out
+
+
+def test_demo_runs_on_the_embedded_default():
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[ ] 4. book flights" in out.stdout
+    assert "'fly to the moon': unknown command" in out.stdout
+    assert "A snapshot of the state was written" in out.stdout
