@@ -6,9 +6,11 @@ union :data:`AnyEvent`, msgpack-encoded under the stream field ``e``. The tag
 added with defaults so older entries keep decoding; a kind whose meaning changes
 gets a new ``v`` and the decoder upgrades old versions.
 
-Events are either *inputs* (they wake the entity: ``created``, ``msg``) or
-*outputs* written by the entity's own fenced commits (``state``,
-``handler_error``, ``failed``, ``resumed``).
+Events are either *inputs* (they wake the entity: ``created``, ``msg``,
+``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``),
+*system* events folded by the runtime but not shown to handlers (``subscribed``),
+or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
+``run_started``, ``run_finished``, ``handler_error``, ``failed``, ``resumed``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,65 @@ class Message(Event, tag="msg"):
     idempotency_key: str | None = None
 
 
+class ChildRunFinished(Event, tag="child_run_finished"):
+    """A run of an entity this one subscribed to (``Wake.run_finished``) finished."""
+
+    is_input: ClassVar[bool] = True
+    child: str
+    run_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    response: str | None = None
+    error: str | None = None
+
+
+class Changed(Event, tag="changed"):
+    """Collections of an observed entity changed (``Wake.change``), once per burst."""
+
+    is_input: ClassVar[bool] = True
+    entity: str
+    collections: list[str]
+
+
+class CancelRequested(Event, tag="cancel"):
+    """Stop the current run (it finishes as cancelled) and cancel children per policy."""
+
+    is_input: ClassVar[bool] = True
+    reason: str = "cancelled"
+    by: str | None = None
+
+
+class DeleteRequested(Event, tag="delete"):
+    """Cancel, apply the parent-close policy to children, then delete every key."""
+
+    is_input: ClassVar[bool] = True
+    by: str | None = None
+
+
+class DeliveryFailed(Event, tag="delivery_failed"):
+    """An outgoing effect could not be delivered (for example a spawn with other args)."""
+
+    is_input: ClassVar[bool] = True
+    kind: str
+    target: str
+    error: str
+
+
+class Subscription(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What wakes a subscriber: a finished run, or a change of collections."""
+
+    kind: Literal["run_finished", "change"]
+    include_response: bool = True
+    collections: list[str] | None = None
+    debounce_ms: int = 0
+
+
+class Subscribed(Event, tag="subscribed"):
+    """``subscriber`` wants to be woken by this entity (system event, not an input)."""
+
+    subscriber: str
+    spec: Subscription
+
+
 class Resumed(Event, tag="resumed"):
     """An operator resumed a failed entity (``skipped`` lists dead-lettered inputs).
 
@@ -98,7 +159,62 @@ class EntityFailed(Event, tag="failed"):
     inputs: list[str]
 
 
-AnyEvent = Created | Message | Resumed | StateChanged | HandlerFailed | EntityFailed
+class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message leaving an entity through its outbox.
+
+    ``key`` is derived from the sender's wake and the effect's position in it,
+    so a replayed handler produces the same key and delivery deduplicates.
+    """
+
+    kind: Literal["send", "spawn", "subscribe", "notify", "cancel"]
+    target: str
+    key: str
+    payload: Any = None  # send; spawn: the initial message
+    has_payload: bool = False
+    args: Any = None  # spawn
+    subscribe: Subscription | None = None  # spawn, subscribe
+    on_parent_close: Literal["cancel", "keep"] = "cancel"  # spawn
+    tags: dict[str, str] | None = None  # spawn
+    notice: ChildRunFinished | Changed | CancelRequested | None = None  # notify, cancel
+    due_ms: int = 0  # a durable timer: deliver at this time (epoch ms)
+
+
+class Outbox(Event, tag="outbox"):
+    """Effects committed by the entity, delivered after the commit (and again after
+    a crash, deduplicated by their keys). ``timer`` names the timer that fired it."""
+
+    effects: list[Effect]
+    timer: str | None = None
+
+
+class RunStarted(Event, tag="run_started"):
+    run_id: str
+
+
+class RunFinished(Event, tag="run_finished"):
+    run_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    response: str | None = None
+    error: str | None = None
+
+
+AnyEvent = (
+    Created
+    | Message
+    | ChildRunFinished
+    | Changed
+    | CancelRequested
+    | DeleteRequested
+    | DeliveryFailed
+    | Subscribed
+    | Resumed
+    | StateChanged
+    | Outbox
+    | RunStarted
+    | RunFinished
+    | HandlerFailed
+    | EntityFailed
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyEvent)

@@ -22,11 +22,84 @@ from .errors import (
     RowValidationError,
     UnknownCollectionError,
 )
-from .events import Op, StateChanged
+from .events import (
+    ChildRunFinished,
+    Op,
+    Outbox,
+    RunFinished,
+    RunStarted,
+    StateChanged,
+    Subscribed,
+    Subscription,
+)
 from .registry import Collection
 
 _encoder = msgspec.msgpack.Encoder()
 _any_decoder = msgspec.msgpack.Decoder()
+
+
+class ChildInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a parent knows of a child it spawned (``ctx.children``)."""
+
+    url: str
+    type: str
+    on_parent_close: str = "cancel"
+    wake: Subscription | None = None
+    tags: dict[str, str] | None = None
+    pending: bool = False  # a run is expected: it was given a message since its last run ended
+    status: str = "spawned"  # then the status of its last finished run
+    run_id: str | None = None
+    response: str | None = None
+    error: str | None = None
+
+    @property
+    def awaited(self) -> bool:
+        """The parent waits for this child's run to finish (it will be woken)."""
+        return self.pending and self.wake is not None and self.wake.kind == "run_finished"
+
+
+class SystemState(msgspec.Struct, kw_only=True):
+    """The runtime's own state of an entity, folded from the log like the collections.
+
+    Every fold rule sets a value (never counts), so re-applying a suffix of the
+    log leaves the state unchanged, as for collection ops.
+    """
+
+    subs: dict[str, Subscription] = {}
+    children: dict[str, ChildInfo] = {}
+    run: str | None = None  # the open run
+
+    def apply(self, event: object) -> None:
+        if isinstance(event, Subscribed):
+            self.subs[event.subscriber] = event.spec
+        elif isinstance(event, Outbox):
+            for effect in event.effects:
+                if effect.kind == "spawn" and effect.target not in self.children:
+                    self.children[effect.target] = ChildInfo(
+                        url=effect.target,
+                        type=effect.target.split("/")[1],
+                        on_parent_close=effect.on_parent_close,
+                        wake=effect.subscribe,
+                        tags=effect.tags,
+                        pending=effect.has_payload,
+                    )
+                elif effect.kind == "send" and effect.target in self.children:
+                    self.children[effect.target].pending = True
+        elif isinstance(event, ChildRunFinished):
+            child = self.children.get(event.child)
+            if child is not None:
+                child.pending = False
+                child.status = event.status
+                child.run_id = event.run_id
+                child.response = event.response
+                child.error = event.error
+        elif isinstance(event, RunStarted):
+            self.run = event.run_id
+        elif isinstance(event, RunFinished) and self.run == event.run_id:
+            self.run = None
+
+    def awaited_children(self) -> int:
+        return sum(1 for child in self.children.values() if child.awaited)
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -34,15 +107,17 @@ class Snapshot(msgspec.Struct, kw_only=True):
 
     v: int = 1
     rows: dict[str, dict[Any, msgspec.Raw]]
+    system: SystemState = msgspec.field(default_factory=SystemState)
 
 
 class EntityState:
-    """Rows of every collection of one entity, as encoded bytes."""
+    """Rows of every collection of one entity, as encoded bytes, plus the system state."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "system")
 
     def __init__(self, collections: dict[str, Collection] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
+        self.system = SystemState()
 
     def apply(self, ops: list[Op]) -> None:
         for op in ops:
@@ -55,13 +130,15 @@ class EntityState:
     def apply_event(self, event: object) -> None:
         if isinstance(event, StateChanged):
             self.apply(event.ops)
+        else:
+            self.system.apply(event)
 
     def snapshot(self) -> bytes:
         rows = {
             name: {key: msgspec.Raw(data) for key, data in table.items()}
             for name, table in self.rows.items()
         }
-        return _encoder.encode(Snapshot(rows=rows))
+        return _encoder.encode(Snapshot(rows=rows, system=self.system))
 
     @classmethod
     def from_snapshot(cls, data: bytes, collections: dict[str, Collection]) -> EntityState:
@@ -69,6 +146,7 @@ class EntityState:
         state = cls(collections)
         for name, table in snap.rows.items():
             state.rows[name] = {key: bytes(raw) for key, raw in table.items()}
+        state.system = snap.system
         return state
 
     def to_builtins(self) -> dict[str, list[Any]]:
