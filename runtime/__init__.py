@@ -1,8 +1,8 @@
 """Wakeful: a durable actor runtime for LLM agents on Redis Streams."""
 
-from .client import EntityStatus, Runtime
+from .client import Runtime
 from .config import Settings
-from .context import CancelSignal, HandlerContext, WakeInfo
+from .context import CancelSignal, EntityHandle, HandlerContext, Wake, WakeInfo
 from .errors import (
     ArgsConflictError,
     CollectionError,
@@ -19,36 +19,56 @@ from .errors import (
     MissingKeyError,
     PayloadTooLargeError,
     RowValidationError,
+    RunFailedError,
     UnknownCollectionError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
 )
 from .events import (
+    CancelRequested,
+    Changed,
+    ChildRunFinished,
     Created,
+    DeleteRequested,
+    DeliveryFailed,
     EntityFailed,
     Event,
     HandlerFailed,
     LogRecord,
     Message,
+    Outbox,
     Resumed,
+    RunFinished,
+    RunStarted,
     StateChanged,
+    Subscribed,
+    Subscription,
     UndecodableRecord,
 )
 from .registry import Collection, EntityType, Registry
+from .state import ChildInfo
+from .status import EntityStatus
 from .urls import EntityUrl, entity_url, parse_url
 from .worker import Worker
 
 __all__ = [
     "ArgsConflictError",
+    "CancelRequested",
     "CancelSignal",
+    "Changed",
+    "ChildInfo",
+    "ChildRunFinished",
     "Collection",
     "CollectionError",
     "ConfigError",
     "Created",
+    "DeleteRequested",
+    "DeliveryFailed",
     "DuplicateKeyError",
     "DuplicateTypeError",
     "EntityFailed",
+    "EntityHandle",
     "EntityNotFoundError",
     "EntityStatus",
     "EntityType",
@@ -65,17 +85,24 @@ __all__ = [
     "LogRecord",
     "Message",
     "MissingKeyError",
+    "Outbox",
     "PayloadTooLargeError",
     "Registry",
     "Resumed",
     "RowValidationError",
+    "RunFailedError",
+    "RunFinished",
+    "RunStarted",
     "Runtime",
     "Settings",
     "StateChanged",
+    "Subscribed",
+    "Subscription",
     "UndecodableRecord",
     "UnknownCollectionError",
     "UnknownEntityTypeError",
     "WaitTimeoutError",
+    "Wake",
     "WakeInfo",
     "WakefulError",
     "Worker",

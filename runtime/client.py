@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -21,43 +20,33 @@ from .config import Settings
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
+    RunFailedError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
 )
 from .events import (
+    CancelRequested,
     Created,
+    DeleteRequested,
     EntityFailed,
     LogRecord,
     Message,
     Resumed,
+    RunFinished,
     UndecodableRecord,
     decode_entry,
     encode_event,
     pack,
-    unpack,
 )
 from .keys import Keyspace
 from .registry import Registry
-from .state import EntityState
-from .store import Store
+from .state import ChildInfo, EntityState
+from .status import EntityStatus, status_from_meta
+from .store import Store, TargetMissingError
 from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker
-
-
-@dataclass(frozen=True)
-class EntityStatus:
-    url: str
-    type: str
-    status: str  # "idle", "pending" (inputs not yet processed) or "failed"
-    cursor: str
-    last_input: str
-    attempts: int
-    error: str | None
-    parent: str | None
-    args: Any
-    created_id: str
 
 
 class Runtime:
@@ -178,7 +167,7 @@ class Runtime:
             url,
             parsed.type,
             created=encode_event(Created(type=parsed.type), limit=limit),
-            message=message,
+            events=[("i", message)],
             args=pack(None),
             idempotency_key=idempotency_key,
         )
@@ -218,13 +207,44 @@ class Runtime:
             created=encode_event(
                 Created(type=type_name, args=args, parent=parent), limit=limit, what="args"
             ),
-            message=message,
+            events=[("i", message)] if message is not None else [],
             args=pack(args),
             parent=parent or "",
-            create=True,
+            mode="create",
             idempotency_key=idempotency_key,
         )
         return url
+
+    async def cancel(self, url: str, reason: str = "cancelled by client") -> str:
+        """Cancel the entity's current run (it finishes as cancelled, subscribers are
+        woken) and its children whose parent-close policy is ``cancel``."""
+        return await self._append_existing(url, CancelRequested(reason=reason, by="client"))
+
+    async def delete(self, url: str, *, wait: bool = True, timeout: float = 30.0) -> None:
+        """Delete the entity: its run is cancelled, children handled per their
+        parent-close policy, then its log, metadata and snapshot are removed."""
+        await self._append_existing(url, DeleteRequested(by="client"))
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout
+        while await self._store.meta(url):
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
+            await asyncio.sleep(0.02)
+
+    async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
+        parsed = parse_url(url)
+        try:
+            result = await self._store.append_input(
+                url,
+                parsed.type,
+                created=b"",
+                events=[("i", encode_event(event))],
+                mode="existing",
+            )
+        except TargetMissingError:
+            raise EntityNotFoundError(url) from None
+        return result.id
 
     async def resume(self, url: str, *, skip_failed: bool = False) -> None:
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
@@ -261,6 +281,10 @@ class Runtime:
 
     # -- reading ---------------------------------------------------------------
 
+    async def children(self, url: str) -> list[ChildInfo]:
+        """The entities ``url`` spawned, with the status of their last finished run."""
+        return list((await self._folded(url)).system.children.values())
+
     async def _meta(self, url: str) -> dict[str, bytes]:
         parse_url(url)
         meta = await self._store.meta(url)
@@ -269,27 +293,7 @@ class Runtime:
         return meta
 
     async def status(self, url: str) -> EntityStatus:
-        meta = await self._meta(url)
-        cursor = meta["cursor"].decode()
-        last_input = meta["last_in"].decode()
-        if meta.get("status") == b"failed":
-            status = "failed"
-        elif id_gt(last_input, cursor):
-            status = "pending"
-        else:
-            status = "idle"
-        return EntityStatus(
-            url=url,
-            type=meta["type"].decode(),
-            status=status,
-            cursor=cursor,
-            last_input=last_input,
-            attempts=int(meta.get("attempts", 0)),
-            error=(meta.get("error") or b"").decode() or None,
-            parent=(meta.get("parent") or b"").decode() or None,
-            args=unpack(meta["args"]) if meta.get("args") else None,
-            created_id=meta["created"].decode(),
-        )
+        return status_from_meta(url, await self._meta(url))
 
     async def list(self, type_name: str) -> list[str]:
         """Urls of all entities of ``type_name``."""
@@ -298,6 +302,9 @@ class Runtime:
 
     async def state(self, url: str) -> dict[str, list[Any]]:
         """The entity's collections as committed (snapshot + log), as plain data."""
+        return (await self._folded(url)).to_builtins()
+
+    async def _folded(self, url: str) -> EntityState:
         meta = await self._meta(url)
         collections = {}
         type_name = meta["type"].decode()
@@ -311,7 +318,7 @@ class Runtime:
         )
         for entry_id, fields in loaded.entries:
             state.apply_event(decode_entry(entry_id, fields, url).event)
-        return state.to_builtins()
+        return state
 
     async def events(
         self,
@@ -342,24 +349,48 @@ class Runtime:
                     yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
 
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
-        """Wait until every input sent so far has been processed (or the entity failed)."""
+        """Wait until the entity is idle: every input sent so far handled, its effects
+        delivered, no timers pending, and no child it awaits still running; or failed."""
         deadline = time.monotonic() + timeout
         pubsub = self._store.redis.pubsub()
         await pubsub.subscribe(self._store.keys.idle_channel(url))
         try:
             while True:
                 status = await self.status(url)
-                if status.status != "pending":
+                if status.status in ("idle", "failed"):
                     return status
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise WaitTimeoutError(
-                        f"{url} still has unprocessed input after {timeout}s "
-                        f"(cursor {status.cursor}, last input {status.last_input})"
+                        f"{url} is still {status.status} after {timeout}s (cursor "
+                        f"{status.cursor}, last input {status.last_input}, awaited children "
+                        f"{status.awaited_children}, timers {status.timers}, undelivered "
+                        f"effects {status.undelivered})"
                     )
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 0.25))
         finally:
             await pubsub.aclose()
+
+    async def ask(self, url: str, text: Any, *, timeout: float = 60.0, **send_options: Any) -> str:
+        """Send ``text``, wait until the entity and the children it awaits are idle,
+        and return the response of the last run that finished after the message.
+
+        Raises :class:`RunFailedError` if that run failed or was cancelled, and
+        :class:`WakefulError` if no run finished.
+        """
+        sent = await self.send(url, text, **send_options)
+        status = await self.wait_idle(url, timeout=timeout)
+        if status.status == "failed":
+            raise RunFailedError(url, "failed", status.error)
+        last: RunFinished | None = None
+        async for record in self.events(url, after=sent):
+            if isinstance(record, LogRecord) and isinstance(record.event, RunFinished):
+                last = record.event
+        if last is None:
+            raise WakefulError(f"{url} finished handling the message without finishing a run")
+        if last.status != "completed":
+            raise RunFailedError(url, last.status, last.error)
+        return last.response or ""
 
 
 def _fields(settings: Settings) -> dict[str, Any]:

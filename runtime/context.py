@@ -1,15 +1,58 @@
-"""What a handler sees: :class:`HandlerContext`."""
+"""What a handler sees: :class:`HandlerContext`, and the ``Wake`` subscription specs."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .events import Created, Event, LogRecord, Message
-from .state import Database
+import msgspec
+
+from .events import (
+    CancelRequested,
+    Changed,
+    ChildRunFinished,
+    Created,
+    DeliveryFailed,
+    Effect,
+    Event,
+    LogRecord,
+    Message,
+    Subscription,
+)
+from .state import ChildInfo, Database
+from .status import EntityStatus
+from .urls import entity_url, parse_url
+
+if TYPE_CHECKING:
+    from .activation import Activation
+    from .registry import EntityType
+
+_NO_MESSAGE: Any = object()
+
+
+class Wake:
+    """Subscription specs for ``ctx.spawn(wake=...)`` and ``ctx.observe(wake=...)``."""
+
+    @staticmethod
+    def run_finished(include_response: bool = True) -> Subscription:
+        """Wake me each time a run of that entity finishes (with its response)."""
+        return Subscription(kind="run_finished", include_response=include_response)
+
+    @staticmethod
+    def change(collections: list[str] | None = None, debounce: float = 0.0) -> Subscription:
+        """Wake me when those collections change; with ``debounce`` (seconds), once per burst."""
+        if debounce < 0:
+            raise ValueError(f"debounce must be >= 0 seconds, got {debounce}")
+        return Subscription(
+            kind="change",
+            collections=list(collections) if collections is not None else None,
+            debounce_ms=int(debounce * 1000),
+        )
 
 
 class CancelSignal:
@@ -44,19 +87,83 @@ class WakeInfo:
     events: list[LogRecord]
 
     @property
+    def id(self) -> str:
+        """The wake's identity: the id of its first input (stable when the wake is retried)."""
+        return self.events[0].id if self.events else "0-0"
+
+    @property
     def messages(self) -> list[Message]:
-        return [r.event for r in self.events if isinstance(r.event, Message)]
+        return self.of_type(Message)
 
     @property
     def created(self) -> Created | None:
-        return next((r.event for r in self.events if isinstance(r.event, Created)), None)
+        found = self.of_type(Created)
+        return found[0] if found else None
+
+    @property
+    def runs_finished(self) -> list[ChildRunFinished]:
+        """Finished runs of entities this one waits on (``Wake.run_finished``)."""
+        return self.of_type(ChildRunFinished)
+
+    @property
+    def changes(self) -> list[Changed]:
+        return self.of_type(Changed)
+
+    @property
+    def cancelled(self) -> CancelRequested | None:
+        found = self.of_type(CancelRequested)
+        return found[-1] if found else None
+
+    @property
+    def delivery_failures(self) -> list[DeliveryFailed]:
+        return self.of_type(DeliveryFailed)
 
     @property
     def kinds(self) -> list[str]:
         return [type(r.event).__struct_config__.tag for r in self.events]  # type: ignore[attr-defined]
 
-    def of_type(self, kind: type[Event]) -> list[Any]:
+    def of_type(self, kind: type[Any]) -> list[Any]:
         return [r.event for r in self.events if isinstance(r.event, kind)]
+
+
+class Services(Protocol):
+    """What the context needs from the worker."""
+
+    async def entity_type(self, type_name: str) -> EntityType | None:
+        """The registered type; None if only another worker's registry has it; raises
+        UnknownEntityTypeError if nobody registered it."""
+        ...
+
+    async def status(self, url: str) -> EntityStatus: ...
+
+
+class EntityHandle:
+    """A handle on another entity, from ``ctx.spawn`` (or :meth:`HandlerContext.handle`)."""
+
+    def __init__(self, ctx: HandlerContext, url: str) -> None:
+        self._ctx = ctx
+        self.entity_url = url
+
+    async def send(self, payload: Any, *, after: float | dt.timedelta | dt.datetime | None = None) -> None:
+        await self._ctx.send(self.entity_url, payload, after=after)
+
+    async def status(self) -> EntityStatus:
+        """Its current status (raises EntityNotFoundError until the spawn is delivered)."""
+        return await self._ctx._services.status(self.entity_url)
+
+    def __repr__(self) -> str:
+        return f"<EntityHandle {self.entity_url}>"
+
+
+def _due_ms(after: float | dt.timedelta | dt.datetime) -> int:
+    if isinstance(after, dt.datetime):
+        if after.tzinfo is None:
+            raise ValueError("after= as a datetime must be timezone-aware")
+        return int(after.timestamp() * 1000)
+    seconds = after.total_seconds() if isinstance(after, dt.timedelta) else float(after)
+    if seconds < 0:
+        raise ValueError(f"after= must not be negative, got {seconds}s")
+    return int((time.time() + seconds) * 1000)
 
 
 class HandlerContext:
@@ -74,6 +181,8 @@ class HandlerContext:
         db: Database,
         signal: CancelSignal,
         flush: Callable[[], Awaitable[None]],
+        activation: Activation,
+        services: Services,
     ) -> None:
         self.entity_url = entity_url
         self.entity_type = entity_type
@@ -87,10 +196,144 @@ class HandlerContext:
             logging.getLogger(f"wakeful.entity.{entity_type}"), {"entity": entity_url}
         )
         self._flush = flush
+        self._activation = activation
+        self._services = services
 
     async def flush(self) -> None:
-        """A commit point: make the writes so far durable without ending the wake."""
+        """A commit point: make writes and effects so far durable, and deliver the effects."""
         await self._flush()
+
+    # -- runs ----------------------------------------------------------------------
+
+    def record_run(self) -> str:
+        """Open a run (if none is open) and return its id. Runs group an entity's work;
+        a finished run wakes the entities subscribed with ``Wake.run_finished``."""
+        return self._activation.record_run()
+
+    def reply(self, text: str) -> str:
+        """Finish the current run (opening one if needed) as completed with ``text``."""
+        if not isinstance(text, str):
+            raise TypeError(f"reply text must be a str, not {type(text).__name__}")
+        return self._activation.finish_run("completed", response=text)
+
+    def fail_run(self, error: str) -> str:
+        """Finish the current run as failed with ``error``."""
+        return self._activation.finish_run("failed", error=str(error))
+
+    @property
+    def current_run(self) -> str | None:
+        return self._activation.current_run
+
+    # -- other entities ------------------------------------------------------------
+
+    def derive_id(self, prefix: str) -> str:
+        """An id for a child that is the same when this wake is replayed.
+
+        ``f"dispatch-{time.time()}"`` would create a second child on replay;
+        ``ctx.derive_id("dispatch")`` gives ``dispatch-<wake id>-<n>``, where n
+        counts the calls in this wake.
+        """
+        return self._activation.derive_id(prefix)
+
+    @property
+    def children(self) -> list[ChildInfo]:
+        """The entities this one spawned, with the status of their last finished run."""
+        return list(self._activation.state.system.children.values())
+
+    def handle(self, url: str) -> EntityHandle:
+        parse_url(url)
+        return EntityHandle(self, url)
+
+    async def _check_type(self, type_name: str) -> EntityType | None:
+        return await self._services.entity_type(type_name)
+
+    async def send(
+        self,
+        url: str,
+        payload: Any,
+        *,
+        after: float | dt.timedelta | dt.datetime | None = None,
+    ) -> None:
+        """Send a message to another entity (or to itself). It leaves at the next commit
+        point. With ``after`` (seconds, a timedelta or an aware datetime) it is a
+        durable timer: it fires once, even if every worker restarts meanwhile."""
+        target = parse_url(url)
+        await self._check_type(target.type)
+        act = self._activation
+        act.add_effect(
+            Effect(
+                kind="send",
+                target=url,
+                key=act.next_key(),
+                payload=msgspec.to_builtins(payload),
+                has_payload=True,
+                due_ms=_due_ms(after) if after is not None else 0,
+            )
+        )
+
+    async def spawn(
+        self,
+        type_name: str,
+        entity_id: str,
+        args: Any = None,
+        *,
+        initial_message: Any = _NO_MESSAGE,
+        wake: Subscription | None = None,
+        tags: dict[str, str] | None = None,
+        on_parent_close: Literal["cancel", "keep"] = "cancel",
+    ) -> EntityHandle:
+        """Create a child entity (get-or-create) and return its handle.
+
+        With ``wake=Wake.run_finished()`` this entity is woken each time a run of
+        the child finishes, with the child's response in ``ctx.wake.runs_finished``.
+        Spawning an existing child with the same args returns its handle; with
+        other args it raises :class:`ArgsConflictError`. ``on_parent_close``
+        says whether the child is cancelled when this entity is cancelled or
+        deleted.
+        """
+        from .errors import ArgsConflictError, EntityNotFoundError
+
+        url = entity_url(type_name, entity_id)
+        child_type = await self._check_type(type_name)
+        clean_args = (
+            child_type.validate_args(args) if child_type is not None else msgspec.to_builtins(args)
+        )
+        if on_parent_close not in ("cancel", "keep"):
+            raise ValueError(f"on_parent_close must be 'cancel' or 'keep', not {on_parent_close!r}")
+        known = self._activation.state.system.children.get(url)
+        if known is None:
+            try:
+                existing = await self._services.status(url)
+            except EntityNotFoundError:
+                existing = None
+            if existing is not None and existing.args != clean_args:
+                raise ArgsConflictError(url)
+        act = self._activation
+        has_message = initial_message is not _NO_MESSAGE
+        act.add_effect(
+            Effect(
+                kind="spawn",
+                target=url,
+                key=act.next_key(),
+                payload=msgspec.to_builtins(initial_message) if has_message else None,
+                has_payload=has_message,
+                args=clean_args,
+                subscribe=wake,
+                on_parent_close=on_parent_close,
+                tags=tags,
+            )
+        )
+        return EntityHandle(self, url)
+
+    async def observe(self, url: str, *, wake: Subscription) -> None:
+        """Subscribe to another entity: ``Wake.change(...)`` or ``Wake.run_finished()``."""
+        target = parse_url(url)
+        await self._check_type(target.type)
+        act = self._activation
+        act.add_effect(Effect(kind="subscribe", target=url, key=act.next_key(), subscribe=wake))
 
     def __repr__(self) -> str:
         return f"<HandlerContext {self.entity_url} wake={self.wake.kinds}>"
+
+
+__all__ = ["CancelSignal", "EntityHandle", "Event", "HandlerContext", "Wake", "WakeInfo"]

@@ -118,3 +118,13 @@ class ConfigError(WakefulError, ValueError):
 
 class WaitTimeoutError(WakefulError, TimeoutError):
     pass
+
+
+class RunFailedError(WakefulError):
+    """The run that answered ``ask`` failed or was cancelled."""
+
+    def __init__(self, url: str, status: str, error: str | None) -> None:
+        self.url = url
+        self.status = status
+        self.error = error
+        super().__init__(f"the run of {url} {status}: {error or 'no error given'}")

@@ -17,6 +17,8 @@ key                                         what
 ``<prefix>:{pN}:lease`` / ``:epoch``        partition lease ``<worker>:<epoch>`` (TTL)
                                             and its fencing epoch counter
 ``<prefix>:{pN}:type:<type>``               urls of one type in the partition (set)
+``<prefix>:{pN}:timers`` / ``:timerdata``   durable timers: member -> due time (sorted
+                                            set) and member -> outbox event (hash)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
 ``<prefix>:config``                         keyspace settings (partition count)
 ``<prefix>:types``                          manifests published by workers (hash)
@@ -67,6 +69,12 @@ class Keyspace:
 
     def typeset(self, partition: int, type_name: str) -> str:
         return f"{self.tag(partition)}:type:{type_name}"
+
+    def timers(self, partition: int) -> str:
+        return f"{self.tag(partition)}:timers"
+
+    def timerdata(self, partition: int) -> str:
+        return f"{self.tag(partition)}:timerdata"
 
     def idle_channel(self, url: str) -> str:
         return f"{self.prefix}:idle:{url}"

@@ -1,14 +1,17 @@
 """Lua scripts. Each one touches the keys of a single partition only."""
 
 # KEYS: log, meta, inbox, idem, typeset
-# ARGV: url, type, idem_ttl_ms ('' = no dedupe), mode ('send'|'create'),
-#       args, created_event, parent, message_event ('' = none)
-# -> {1, id, created_id} appended | {0, id, created_id} deduplicated/existing
-#    | {-1, 'args'} create with conflicting args
+# ARGV: url, type, idem_ttl_ms ('' = no dedupe), mode, args, created_event, parent, n,
+#       then n pairs (flag, event): flag 'i' = input (moves last_in), 'e' = other
+# mode: 'send' creates the entity if missing; 'create' is get-or-create with args
+#       (an existing entity gets nothing appended); 'existing' never creates.
+# -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
+#    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
 SEND = """
 local log, meta, inbox, idem, typeset = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local url, etype, idem_ttl, mode, args, created, parent, msg =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local url, etype, idem_ttl, mode, args, created, parent =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local n = tonumber(ARGV[8])
 if idem_ttl ~= '' then
   local prior = redis.call('GET', idem)
   if prior then return {0, prior, redis.call('HGET', meta, 'created') or ''} end
@@ -19,6 +22,8 @@ if created_id then
     if redis.call('HGET', meta, 'args') ~= args then return {-1, 'args', created_id} end
     return {0, created_id, created_id}
   end
+elseif mode == 'existing' then
+  return {-2, '', ''}
 else
   created_id = redis.call('XADD', log, '*', 'e', created)
   redis.call('HSET', meta, 'type', etype, 'status', 'active', 'cursor', '0-0',
@@ -26,10 +31,12 @@ else
   redis.call('SADD', typeset, url)
 end
 local id = created_id
-if msg ~= '' then
-  id = redis.call('XADD', log, '*', 'e', msg)
-  redis.call('HSET', meta, 'last_in', id)
+local last_in = false
+for j = 0, n - 1 do
+  id = redis.call('XADD', log, '*', 'e', ARGV[10 + 2 * j])
+  if ARGV[9 + 2 * j] == 'i' then last_in = id end
 end
+if last_in then redis.call('HSET', meta, 'last_in', last_in) end
 redis.call('XADD', inbox, '*', 'u', url)
 if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
 return {1, id, created_id}
@@ -55,40 +62,89 @@ end
 return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 """
 
-# KEYS: lease, log, meta, inbox, snap
+# KEYS: lease, log, meta, inbox, snap, timers, timerdata
 # ARGV: token, group, cursor ('' = keep), created ('' = skip incarnation check),
-#       n_events, n_acks, n_fields, snapshot ('' = none), snapshot_upto, channel,
-#       events..., ack ids..., field/value pairs...
+#       snapshot ('' = none), snapshot_upto, channel, url,
+#       n_events, n_acks, n_fields, n_timers,
+#       n pairs (flag, event), ack ids, field/value pairs, timer triples (member, due, data)
+# Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
+# adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'FENCED'} | {'GONE'}
 COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
-local ne, na, nf = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local i = 11
+local ne, na, nf, nt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local i = 13
 local out = {'OK'}
+local changed = false
 for _ = 1, ne do
-  out[#out + 1] = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i])
-  i = i + 1
+  local flag = ARGV[i]
+  local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i + 1])
+  out[#out + 1] = id
+  if flag == 'i' then
+    redis.call('HSET', KEYS[3], 'last_in', id)
+  elseif flag == 'o' then
+    redis.call('HSET', KEYS[3], 'out_last', id)
+    redis.call('XADD', KEYS[4], '*', 'u', ARGV[8])
+    changed = true
+  end
+  i = i + 2
 end
 if na > 0 then
   redis.call('XACK', KEYS[4], ARGV[2], unpack(ARGV, i, i + na - 1))
   i = i + na
 end
-local changed = false
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[3], 'cursor', ARGV[3])
   changed = true
 end
 if nf > 0 then
   redis.call('HSET', KEYS[3], unpack(ARGV, i, i + nf - 1))
+  i = i + nf
   changed = true
 end
-if ARGV[8] ~= '' then
-  redis.call('SET', KEYS[5], ARGV[8])
-  redis.call('HSET', KEYS[3], 'snap_upto', ARGV[9])
+for _ = 1, nt do
+  if redis.call('ZADD', KEYS[6], 'NX', ARGV[i + 1], ARGV[i]) == 1 then
+    redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 2])
+    redis.call('HINCRBY', KEYS[3], 'timers', 1)
+  end
+  i = i + 3
 end
-if changed then redis.call('PUBLISH', ARGV[10], ARGV[3]) end
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[5], ARGV[5])
+  redis.call('HSET', KEYS[3], 'snap_upto', ARGV[6])
+end
+if changed then redis.call('PUBLISH', ARGV[7], ARGV[3]) end
 return out
+"""
+
+# KEYS: lease, timers, timerdata, meta, log, inbox
+# ARGV: token, member, url, created
+# A due timer of entity url: its outbox event goes into the entity's log and a
+# wake pointer makes the owner deliver it. -> 1 fired | 0 gone | -1 fenced
+FIRE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
+local data = redis.call('HGET', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+if not data or redis.call('HGET', KEYS[4], 'created') ~= ARGV[4] then return 0 end
+redis.call('HINCRBY', KEYS[4], 'timers', -1)
+local id = redis.call('XADD', KEYS[5], '*', 'e', data)
+redis.call('HSET', KEYS[4], 'out_last', id)
+redis.call('XADD', KEYS[6], '*', 'u', ARGV[3])
+return 1
+"""
+
+# KEYS: lease, log, meta, snap, typeset, inbox
+# ARGV: token, created, url, group, channel, ack ids...   -> 1 deleted | 0 gone | -1 fenced
+DELETE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('HGET', KEYS[3], 'created') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+redis.call('SREM', KEYS[5], ARGV[3])
+if #ARGV > 5 then redis.call('XACK', KEYS[6], ARGV[4], unpack(ARGV, 6, #ARGV)) end
+redis.call('PUBLISH', ARGV[5], 'deleted')
+return 1
 """
 
 # KEYS: lease, epoch     ARGV: worker_id, ttl_ms     -> token | nil (held by another)

@@ -124,6 +124,12 @@ class EntityState:
             table = self.rows.setdefault(op.collection, {})
             if op.op == "delete":
                 table.pop(op.key, None)
+            elif op.op == "insert":
+                # An insert happened while the key was absent, so the row went to the
+                # end. Moving it there again keeps re-applying a suffix of the log
+                # idempotent for row order too (the key may still be present then).
+                table.pop(op.key, None)
+                table[op.key] = bytes(op.row)
             else:
                 table[op.key] = bytes(op.row)
 
@@ -244,16 +250,24 @@ class Actions:
         return lambda **kwargs: method(name, **kwargs)
 
     def take_pending(self) -> list[Op]:
-        """The buffered writes, coalesced: only the last write of each row is kept.
+        """The buffered writes, with repeated updates of a row folded into its first write.
 
-        Every op sets or deletes a whole row, so the last one per key decides the
-        row's value and the earlier ones need not reach the log.
+        An update never moves a row, so folding it into the earlier insert or
+        update of the same row keeps both the values and the row order that a
+        fold of the log produces (deletes and inserts are kept as they are).
         """
         ops, self.pending = self.pending, []
-        if len(ops) < 2:
-            return ops
-        last = {(op.collection, op.key): op for op in ops}
-        return list(last.values()) if len(last) < len(ops) else ops
+        out: list[Op] = []
+        index: dict[tuple[str, Any], int] = {}
+        for op in ops:
+            slot = (op.collection, op.key)
+            at = index.get(slot)
+            if op.op == "update" and at is not None and out[at].op != "delete":
+                out[at] = Op(out[at].op, op.collection, op.key, op.row)
+            else:
+                index[slot] = len(out)
+                out.append(op)
+        return out
 
     # -- the three writes --------------------------------------------------
 

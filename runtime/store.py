@@ -36,7 +36,13 @@ ACQUIRE = Script(lua.ACQUIRE)
 RENEW = Script(lua.RENEW)
 RELEASE = Script(lua.RELEASE)
 HEARTBEAT = Script(lua.HEARTBEAT)
-ALL_SCRIPTS = (SEND, LOAD, COMMIT, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
+FIRE = Script(lua.FIRE)
+DELETE = Script(lua.DELETE)
+ALL_SCRIPTS = (SEND, LOAD, COMMIT, FIRE, DELETE, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
+
+
+class TargetMissingError(Exception):
+    """A delivery that must not create its target found no entity there."""
 
 
 class EntityGoneError(Exception):
@@ -132,13 +138,19 @@ class Store:
         type_name: str,
         *,
         created: bytes,
-        message: bytes | None = None,
+        events: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
         args: bytes = b"",
         parent: str = "",
-        create: bool = False,
+        mode: str = "send",
         idempotency_key: str | None = None,
     ) -> SendResult:
-        """Append an input event (creating the entity if needed) and a wake pointer."""
+        """Append events to an entity's log and a wake pointer to its inbox, atomically.
+
+        ``events`` are ``(flag, encoded event)`` pairs, flag ``"i"`` for inputs.
+        ``mode`` is ``send`` (create the entity if missing), ``create``
+        (get-or-create with ``args``; raises :class:`ArgsConflictError`) or
+        ``existing`` (raises :class:`TargetMissingError` if missing).
+        """
         k = self.keys
         p = k.partition(url)
         idem_key = k.idem(url, idempotency_key) if idempotency_key else k.idem(url, "-")
@@ -149,16 +161,19 @@ class Store:
                 url,
                 type_name,
                 str(self.idempotency_ttl_ms) if idempotency_key else "",
-                "create" if create else "send",
+                mode,
                 args,
                 created,
                 parent,
-                message or b"",
+                len(events),
+                *(x for pair in events for x in pair),
             ],
         )
         code, event_id, created_id = int(reply[0]), _s(reply[1]), _s(reply[2])
         if code == -1:
             raise ArgsConflictError(url)
+        if code == -2:
+            raise TargetMissingError(url)
         return SendResult(event_id, created_id, code == 1)
 
     # -- reading -------------------------------------------------------------
@@ -176,13 +191,13 @@ class Store:
             entries.extend(_entries(raw))
         return Loaded(meta, snapshot, entries)
 
-    async def read_log(
-        self, url: str, after: str | None = None, count: int = 1000
-    ) -> list[Entry]:
+    async def read_log(self, url: str, after: str | None = None, count: int = 1000) -> list[Entry]:
         start = f"({after}" if after and after != "0-0" else "-"
         return _entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
 
-    async def follow_log(self, url: str, after: str, block_ms: int, count: int = 1000) -> list[Entry]:
+    async def follow_log(
+        self, url: str, after: str, block_ms: int, count: int = 1000
+    ) -> list[Entry]:
         reply = await self.redis.xread({self.keys.log(url): after}, count=count, block=block_ms)
         return _entries(reply[0][1]) if reply else []
 
@@ -207,43 +222,56 @@ class Store:
         url: str,
         token: str,
         *,
-        events: list[bytes] = (),  # type: ignore[assignment]
+        events: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
         cursor: str = "",
         acks: list[str] = (),  # type: ignore[assignment]
         fields: dict[str, Any] | None = None,
         created: str = "",
         snapshot: bytes = b"",
         snapshot_upto: str = "",
+        timers: list[tuple[str, int, bytes]] = (),  # type: ignore[assignment]
     ) -> list[str]:
-        """Fenced commit: append events, ack wake pointers, advance the cursor.
+        """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
-        A snapshot must hold the state folded up to ``snapshot_upto``, the last
-        log entry the wake read; state events after it are re-applied on load,
-        which is harmless because every op sets or deletes a whole row.
-
-        Raises :class:`FencedError` if ``token`` no longer holds the partition
-        lease, :class:`EntityGoneError` if the entity's incarnation changed.
+        ``events`` are ``(flag, encoded event)`` pairs: ``"e"`` plain, ``"i"``
+        input, ``"o"`` outbox. A snapshot must hold the state folded up to
+        ``snapshot_upto``, the last log entry the wake read; state events after
+        it are re-applied on load, which is harmless because every op sets or
+        deletes a whole row. Raises :class:`FencedError` if ``token`` no longer
+        holds the partition lease, :class:`EntityGoneError` if the entity's
+        incarnation changed.
         """
         k = self.keys
         p = k.partition(url)
         flat_fields = [x for pair in (fields or {}).items() for x in pair]
         reply = await self._run(
             COMMIT,
-            [k.lease(p), k.log(url), k.meta(url), k.inbox(p), k.snap(url)],
+            [
+                k.lease(p),
+                k.log(url),
+                k.meta(url),
+                k.inbox(p),
+                k.snap(url),
+                k.timers(p),
+                k.timerdata(p),
+            ],
             [
                 token,
                 GROUP,
                 cursor,
                 created,
-                len(events),
-                len(acks),
-                len(flat_fields),
                 snapshot,
                 snapshot_upto,
                 k.idle_channel(url),
-                *events,
+                url,
+                len(events),
+                len(acks),
+                len(flat_fields),
+                len(timers),
+                *(x for pair in events for x in pair),
                 *acks,
                 *flat_fields,
+                *(x for timer in timers for x in timer),
             ],
         )
         status = _s(reply[0])
@@ -252,6 +280,57 @@ class Store:
         if status == "GONE":
             raise EntityGoneError(url)
         return [_s(i) for i in reply[1:]]
+
+    async def delete(self, url: str, token: str, created: str, acks: list[str]) -> bool:
+        """Fenced: delete the entity's log, metadata and snapshot."""
+        k = self.keys
+        p = k.partition(url)
+        type_name = url.split("/")[1]
+        reply = await self._run(
+            DELETE,
+            [k.lease(p), k.log(url), k.meta(url), k.snap(url), k.typeset(p, type_name), k.inbox(p)],
+            [token, created, url, GROUP, k.idle_channel(url), *acks],
+        )
+        if int(reply) == -1:
+            raise FencedError(f"delete of {url} refused: lease {token} of partition {p} is lost")
+        return int(reply) == 1
+
+    # -- timers --------------------------------------------------------------
+
+    async def due_timers(
+        self, partitions: list[int], now_ms: int, limit: int = 100
+    ) -> list[tuple[int, str]]:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.zrangebyscore(self.keys.timers(p), "-inf", now_ms, start=0, num=limit)
+        replies = await pipe.execute()
+        return [(p, _s(m)) for p, members in zip(partitions, replies, strict=True) for m in members]
+
+    async def next_timer_ms(self, partitions: list[int]) -> int | None:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.zrange(self.keys.timers(p), 0, 0, withscores=True)
+        replies = await pipe.execute()
+        dues = [int(score) for reply in replies for _, score in reply]
+        return min(dues) if dues else None
+
+    async def fire_timer(self, partition: int, token: str, member: str) -> int:
+        url, created, _ = member.split("|", 2)
+        k = self.keys
+        return int(
+            await self._run(
+                FIRE,
+                [
+                    k.lease(partition),
+                    k.timers(partition),
+                    k.timerdata(partition),
+                    k.meta(url),
+                    k.log(url),
+                    k.inbox(partition),
+                ],
+                [token, member, url, created],
+            )
+        )
 
     # -- partitions: leases, inbox -------------------------------------------
 

@@ -31,28 +31,46 @@ import traceback
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .activation import INPUT, OUTBOX, PLAIN, Activation, CommitBatch
 from .config import Settings
 from .context import CancelSignal, HandlerContext, WakeInfo
-from .errors import EventDecodeError, FencedError, UnknownEntityTypeError
+from .errors import (
+    ArgsConflictError,
+    EntityNotFoundError,
+    EventDecodeError,
+    FencedError,
+    UnknownEntityTypeError,
+    WakefulError,
+)
 from .events import (
+    CancelRequested,
+    Created,
+    DeleteRequested,
+    DeliveryFailed,
+    Effect,
     EntityFailed,
     Event,
     HandlerFailed,
     LogRecord,
-    StateChanged,
+    Message,
+    Outbox,
+    Subscribed,
     decode_entry,
     encode_event,
+    pack,
     unpack,
 )
 from .registry import EntityType, Registry
 from .state import Database, EntityState
-from .store import EntityGoneError, Loaded, Pointer, Store
+from .status import EntityStatus, status_from_meta
+from .store import EntityGoneError, Loaded, Pointer, Store, TargetMissingError
 from .streamids import ZERO, id_gt, max_id
 from .urls import parse_url
 
@@ -130,7 +148,12 @@ class Worker:
         self._room = asyncio.Event()
         self._last_sweep = 0.0
         self.ready = asyncio.Event()
-        self.stats = {"activations": 0, "handler_calls": 0, "commits_fenced": 0}
+        self.stats = {
+            "activations": 0,
+            "handler_calls": 0,
+            "commits_fenced": 0,
+            "effects_delivered": 0,
+        }
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -148,12 +171,14 @@ class Worker:
         log.info("worker %s starting", self.id)
         lease_task = asyncio.create_task(self._lease_loop(), name="wakeful-leases")
         read_task = asyncio.create_task(self._read_loop(), name="wakeful-read")
+        timer_task = asyncio.create_task(self._timer_loop(), name="wakeful-timers")
         try:
             await self._stopping.wait()
         finally:
-            read_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await read_task
+            for task in (read_task, timer_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._drain(self.settings.shutdown_grace_s)
             lease_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -364,23 +389,21 @@ class Worker:
         self.stats["activations"] += 1
         cached = self._cache.get(url)
         loaded = await self.store.load(url, cached.pos if cached else None)
-        meta = loaded.meta
-        created = (meta.get("created") or b"").decode()
+        created = _text(loaded.meta, "created")
         if cached is not None and cached.created != created:
             self._cache.pop(url, None)
             cached = None
             loaded = await self.store.load(url, None)
-            meta = loaded.meta
-            created = (meta.get("created") or b"").decode()
+            created = _text(loaded.meta, "created")
+        meta = loaded.meta
         if not meta:  # deleted entity: nothing to wake, just acknowledge the pointers
             await self.store.commit(url, token, acks=entries)
             self._untrack(partition, entries)
             return
 
-        cursor = meta["cursor"].decode()
-        type_name = meta["type"].decode()
+        cursor = _text(meta, "cursor")
         try:
-            entity_type = self.registry.get(type_name)
+            entity_type = self.registry.get(_text(meta, "type"))
         except UnknownEntityTypeError as exc:
             await self._park(url, token, entries, created, str(exc), [], int(meta.get("attempts", 0)))
             return
@@ -392,6 +415,10 @@ class Worker:
         pos = records[-1].id if records else (cached.pos if cached else ZERO)
         since = (cached.since_snapshot if cached else 0) + len(loaded.entries)
 
+        out_done = _text(meta, "out_done") or ZERO
+        if id_gt(_text(meta, "out_last") or ZERO, out_done):
+            await self._deliver_pending(url, token, created, out_done)
+
         if meta.get("status") == b"failed" or not (inputs or undecodable):
             # Parked, or every input was already handled by an earlier wake.
             self._remember(url, state, pos, created, since)
@@ -402,7 +429,9 @@ class Worker:
             error = "; ".join(str(e) for e in undecodable)
             await self._park(url, token, entries, created, error, [e.stream_id for e in undecodable], 0)
             return
-
+        if any(isinstance(r.event, DeleteRequested) for r in inputs):
+            await self._delete(url, token, entries, created, state, entity_type, inputs)
+            return
         await self._wake(runner, entity_type, token, entries, meta, state, inputs, pos, since)
 
     def _rebuild(
@@ -434,11 +463,23 @@ class Worker:
                 records.append(LogRecord(entry_id, Event()))
                 continue
             records.append(record)
-            if isinstance(record.event, StateChanged):
-                state.apply(record.event.ops)
-            elif record.event.is_input and id_gt(entry_id, cursor):
+            state.apply_event(record.event)
+            if record.event.is_input and id_gt(entry_id, cursor):
                 inputs.append(record)
         return state, records, inputs, undecodable
+
+    def _activation(
+        self, url: str, created: str, state: EntityState, entity_type: EntityType,
+        inputs: list[LogRecord],
+    ) -> Activation:
+        return Activation(
+            url=url,
+            created=created,
+            state=state,
+            db=Database(state, entity_type.state),
+            inputs=inputs,
+            max_event_bytes=self.settings.max_event_bytes,
+        )
 
     async def _wake(
         self,
@@ -453,19 +494,22 @@ class Worker:
         since: int,
     ) -> None:
         url, partition = runner.url, runner.partition
-        created = meta["created"].decode()
-        cursor = meta["cursor"].decode()
+        created = _text(meta, "created")
         attempts = int(meta.get("attempts", 0))
-        db = Database(state, entity_type.state)
-        limit = self.settings.max_event_bytes
+        open_run = state.system.run
+        act = self._activation(url, created, state, entity_type, inputs)
+        cancel = next((r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None)
+        if cancel is not None:
+            act.cancel_effects(cancel.reason)
 
         async def flush() -> None:
-            ops = db.actions.take_pending()
-            if ops:
-                await self.store.commit(
-                    url, token, events=[encode_event(StateChanged(ops=ops), limit=limit)],
-                    created=created,
+            batch = act.take_commit()
+            if batch:
+                ids = await self.store.commit(
+                    url, token, events=batch.events, created=created,
+                    timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                 )
+                await self._deliver_after_commit(url, token, created, batch, ids)
 
         parsed = parse_url(url)
         raw_args = meta.get("args")
@@ -475,42 +519,52 @@ class Worker:
             entity_id=parsed.id,
             args=entity_type.typed_args(unpack(raw_args) if raw_args else None),
             wake=WakeInfo(inputs),
-            first_wake=cursor == ZERO,
-            db=db,
+            first_wake=_text(meta, "cursor") == ZERO,
+            db=act.db,
             signal=runner.signal,
             flush=flush,
+            activation=act,
+            services=self,
         )
         self.stats["handler_calls"] += 1
         try:
             await entity_type.handler(ctx)
-            ops = db.actions.take_pending()
-            events = [encode_event(StateChanged(ops=ops), limit=limit)] if ops else []
+            batch = act.take_commit()
         except (FencedError, *_TRANSIENT):
             self._cache.pop(url, None)
             raise
         except Exception as exc:
             self._cache.pop(url, None)  # the in-memory state holds writes that never committed
-            await self._handler_failed(url, token, entries, created, inputs, attempts, exc)
+            state.system.run = open_run
+            await self._handler_failed(url, token, entries, created, inputs, attempts, exc, act)
             return
 
-        since += len(events)
+        since += len(batch.events)
         snapshot = b""
         if since >= self.settings.snapshot_every:
             snapshot = state.snapshot()
             since = 0
-        await self.store.commit(
+        fields: dict[str, Any] = {}
+        if attempts:
+            fields["attempts"] = 0
+        awaited = state.system.awaited_children()
+        if awaited != int(meta.get("waiting") or 0):
+            fields["waiting"] = awaited
+        ids = await self.store.commit(
             url,
             token,
-            events=events,
+            events=batch.events,
             cursor=max_id([r.id for r in inputs]),
             acks=entries,
             created=created,
             snapshot=snapshot,
             snapshot_upto=pos,
-            fields={"attempts": 0} if attempts else None,
+            fields=fields,
+            timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
         )
         self._remember(url, state, pos, created, since)
         self._untrack(partition, entries)
+        await self._deliver_after_commit(url, token, created, batch, ids)
 
     async def _handler_failed(
         self,
@@ -521,6 +575,7 @@ class Worker:
         inputs: list[LogRecord],
         attempts: int,
         exc: Exception,
+        act: Activation,
     ) -> None:
         attempt = attempts + 1
         input_ids = [r.id for r in inputs]
@@ -536,14 +591,18 @@ class Worker:
             await self.store.commit(
                 url,
                 token,
-                events=[encode_event(failure, limit=1 << 30)],
+                events=[(PLAIN, encode_event(failure, limit=1 << 30))],
                 fields={"attempts": attempt},
                 created=created,
             )
             s = self.settings
             raise _Retry(min(s.retry_base_ms * 2 ** (attempt - 1), s.retry_max_ms) / 1000)
         error = f"{type(exc).__name__}: {exc}"
-        await self._park(url, token, entries, created, error, input_ids, attempt, failure)
+        # Subscribers must not wait forever: the run this wake belongs to finishes as failed.
+        parked = self._activation(url, created, act.state, EntityType("-", _no_handler), inputs)
+        act.db.actions.take_pending()
+        parked.finish_run("failed", error=error)
+        await self._park(url, token, entries, created, error, input_ids, attempt, failure, parked)
 
     async def _park(
         self,
@@ -555,24 +614,202 @@ class Worker:
         input_ids: list[str],
         attempts: int,
         failure: HandlerFailed | None = None,
+        act: Activation | None = None,
     ) -> None:
         """Mark the entity failed. Its inputs stay in the log, unprocessed, until resumed."""
         log.error("entity %s failed: %s", url, error)
-        events: list[Event] = [failure] if failure else []
-        events.append(EntityFailed(error=error, attempts=attempts, inputs=input_ids))
+        batch = act.take_commit() if act is not None else CommitBatch()
+        events = [(PLAIN, encode_event(failure, limit=1 << 30))] if failure else []
+        events += batch.events
+        events.append(
+            (PLAIN, encode_event(EntityFailed(error=error, attempts=attempts, inputs=input_ids)))
+        )
         self._cache.pop(url, None)
-        await self.store.commit(
+        ids = await self.store.commit(
             url,
             token,
-            events=[encode_event(e, limit=1 << 30) for e in events],
+            events=events,
             acks=entries,
             fields={"status": "failed", "error": error, "attempts": attempts},
             created=created,
         )
         self._untrack(self.store.keys.partition(url), entries)
+        offset = 1 if failure else 0
+        await self._deliver_after_commit(url, token, created, batch, ids[offset:])
+
+    async def _delete(
+        self,
+        url: str,
+        token: str,
+        entries: list[str],
+        created: str,
+        state: EntityState,
+        entity_type: EntityType,
+        inputs: list[LogRecord],
+    ) -> None:
+        """Finish the open run as cancelled, cancel children per policy, then delete."""
+        act = self._activation(url, created, state, entity_type, inputs)
+        act.cancel_effects("entity deleted")
+        batch = act.take_commit()
+        if batch:
+            ids = await self.store.commit(url, token, events=batch.events, created=created)
+            if batch.outbox is not None:
+                await self._deliver(url, batch.outbox.effects)  # must land before the log goes
+                await self.store.commit(url, token, fields={"out_done": ids[-1]}, created=created)
+        self._cache.pop(url, None)
+        await self.store.delete(url, token, created, entries)
+        self._untrack(self.store.keys.partition(url), entries)
+        log.info("entity %s deleted", url)
+
+    # -- delivery of effects -------------------------------------------------------
+
+    async def _deliver_after_commit(
+        self, url: str, token: str, created: str, batch: CommitBatch, ids: list[str]
+    ) -> None:
+        """Deliver the outbox a commit just wrote. If this fails, the wake pointer the
+        commit added makes the next activation (here or on another worker) retry."""
+        if batch.outbox is None:
+            return
+        outbox_id = next(i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX)
+        try:
+            failures = await self._deliver(url, batch.outbox.effects)
+            await self._mark_delivered(url, token, created, outbox_id, failures)
+        except (FencedError, EntityGoneError, *_TRANSIENT) as exc:
+            log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
+
+    async def _deliver_pending(self, url: str, token: str, created: str, out_done: str) -> None:
+        """Deliver every outbox after ``out_done``, in order (after a crash or a fired timer)."""
+        position = out_done
+        while True:
+            entries = await self.store.read_log(url, position, count=500)
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                position = entry_id
+                try:
+                    event = decode_entry(entry_id, fields, url).event
+                except EventDecodeError:
+                    continue
+                if isinstance(event, Outbox):
+                    failures = await self._deliver(url, event.effects)
+                    await self._mark_delivered(url, token, created, entry_id, failures)
+
+    async def _mark_delivered(
+        self, url: str, token: str, created: str, outbox_id: str, failures: list[DeliveryFailed]
+    ) -> None:
+        await self.store.commit(
+            url,
+            token,
+            events=[(INPUT, encode_event(f, limit=1 << 30)) for f in failures],
+            fields={"out_done": outbox_id},
+            created=created,
+        )
+
+    async def _deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
+        """Deliver effects: targets concurrently, each target's effects in order."""
+        by_target: dict[str, list[Effect]] = {}
+        for effect in effects:
+            by_target.setdefault(effect.target, []).append(effect)
+        failures: list[DeliveryFailed] = []
+
+        async def deliver_to(target_effects: list[Effect]) -> None:
+            for effect in target_effects:
+                try:
+                    await self._deliver_one(sender, effect)
+                except (ArgsConflictError, TargetMissingError, WakefulError) as exc:
+                    if effect.kind in ("spawn", "send", "subscribe"):
+                        failures.append(
+                            DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc))
+                        )
+                    else:  # a notice for an entity that no longer exists
+                        log.info("dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc)
+
+        await asyncio.gather(*(deliver_to(group) for group in by_target.values()))
+        self.stats["effects_delivered"] += len(effects)
+        return failures
+
+    async def _deliver_one(self, sender: str, effect: Effect) -> None:
+        target_type = effect.target.split("/")[1]
+        created = encode_event(Created(type=target_type, parent=None), limit=1 << 30)
+        events: list[tuple[str, bytes]] = []
+        args = b""
+        parent = ""
+        mode = "existing"
+        if effect.kind == "spawn":
+            mode, parent, args = "create", sender, pack(effect.args)
+            created = encode_event(
+                Created(type=target_type, args=effect.args, parent=sender), limit=1 << 30
+            )
+            if effect.subscribe is not None:
+                events.append((PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe))))
+        elif effect.kind == "subscribe":
+            assert effect.subscribe is not None
+            events.append((PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe))))
+        elif effect.kind == "send":
+            mode = "send"
+        elif effect.notice is not None:  # notify, cancel
+            events.append((INPUT, encode_event(effect.notice, limit=1 << 30)))
+        if effect.has_payload:
+            message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
+            events.append((INPUT, encode_event(message, limit=1 << 30)))
+        await self.store.append_input(
+            effect.target,
+            target_type,
+            created=created,
+            events=events,
+            args=args,
+            parent=parent,
+            mode=mode,
+            idempotency_key=effect.key,
+        )
+
+    # -- timers --------------------------------------------------------------------
+
+    async def _timer_loop(self) -> None:
+        """Fire due timers of the owned partitions; sleeps until the next one (max 250 ms)."""
+        while True:
+            delay = 0.25
+            try:
+                partitions = [p for p, lease in self.leases.items() if not lease.draining]
+                if partitions:
+                    now = int(time.time() * 1000)
+                    for partition, member in await self.store.due_timers(partitions, now):
+                        token = self._token(partition)
+                        if token is not None:
+                            await self.store.fire_timer(partition, token, member)
+                    upcoming = await self.store.next_timer_ms(partitions)
+                    if upcoming is not None:
+                        delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
+            except _TRANSIENT as exc:
+                log.warning("worker %s: timer check failed: %s", self.id, exc)
+            await asyncio.sleep(max(delay, 0.005))
+
+    # -- services for handler contexts ---------------------------------------------
+
+    async def entity_type(self, type_name: str) -> EntityType | None:
+        if type_name in self.registry:
+            return self.registry.get(type_name)
+        published = await self.store.redis.hexists(self.store.keys.types, type_name)
+        if not published:
+            raise UnknownEntityTypeError(type_name, self.registry.names())
+        return None
+
+    async def status(self, url: str) -> EntityStatus:
+        meta = await self.store.meta(url)
+        if not meta:
+            raise EntityNotFoundError(url)
+        return status_from_meta(url, meta)
 
     def _remember(self, url: str, state: EntityState, pos: str, created: str, since: int) -> None:
         self._cache[url] = Cached(state, pos, created, since)
         self._cache.move_to_end(url)
         while len(self._cache) > self.settings.cache_size:
             self._cache.popitem(last=False)
+
+
+async def _no_handler(ctx: HandlerContext) -> None:  # pragma: no cover - placeholder type
+    raise AssertionError("not a handler")
+
+
+def _text(meta: dict[str, bytes], field: str) -> str:
+    return (meta.get(field) or b"").decode()

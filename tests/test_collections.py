@@ -172,6 +172,20 @@ def test_update_in_place_or_by_return_value() -> None:
     assert Database(rebuilt, SPECS).collections.tasks.get(1) == Task(1, "one", True)
 
 
+def test_repeated_updates_coalesce_into_the_first_write() -> None:
+    state, db = fresh()
+    db.actions.notes_insert(row=Note("a", "1"))
+    db.actions.notes_insert(row=Note("b", "1"))
+    for text in ("2", "3"):
+        db.actions.notes_update(key="a", updater=lambda n, t=text: setattr(n, "value", t))
+    ops = db.actions.take_pending()
+    assert [(o.op, o.key) for o in ops] == [("insert", "a"), ("insert", "b")]
+    rebuilt = EntityState(SPECS)
+    rebuilt.apply(ops)
+    assert rebuilt.rows == state.rows
+    assert Database(rebuilt, SPECS).collections.notes.get("a") == Note("a", "3")
+
+
 def test_delete() -> None:
     state, db = fresh()
     db.actions.notes_insert(row=Note("a", "1"))
@@ -183,16 +197,22 @@ def test_delete() -> None:
     db.actions.notes_insert(row=Note("a", "again"))
     assert db.collections.notes.get("a") == Note("a", "again")
     ops = db.actions.take_pending()
-    # Buffered writes are coalesced per row: the last write of each key decides it.
-    assert sorted((o.op, o.key) for o in ops) == [("insert", "a"), ("insert", "b")]
+    # Deletes and inserts are kept in order (they move rows); only updates coalesce.
+    assert [(o.op, o.key) for o in ops] == [
+        ("insert", "a"),
+        ("insert", "b"),
+        ("delete", "a"),
+        ("insert", "a"),
+    ]
     assert db.actions.take_pending() == []
     rebuilt = EntityState(SPECS)
     rebuilt.apply(ops)
     assert rebuilt.rows == state.rows
+    assert list(rebuilt.rows["notes"]) == list(state.rows["notes"]) == ["b", "a"]
     assert Database(rebuilt, SPECS).collections.notes.get("a") == Note("a", "again")
 
 
-def test_coalesced_delete_reaches_the_log() -> None:
+def test_delete_after_update_reaches_the_log() -> None:
     state, db = fresh()
     db.actions.notes_insert(row=Note("a", "1"))
     base = EntityState(SPECS)
@@ -200,7 +220,7 @@ def test_coalesced_delete_reaches_the_log() -> None:
     db.actions.notes_update(key="a", updater=lambda n: setattr(n, "value", "2"))
     db.actions.notes_delete(key="a")
     ops = db.actions.take_pending()
-    assert [(o.op, o.key) for o in ops] == [("delete", "a")]
+    assert [(o.op, o.key) for o in ops] == [("update", "a"), ("delete", "a")]
     base.apply(ops)
     assert base.rows == state.rows
     assert base.rows["notes"] == {}

@@ -1,0 +1,225 @@
+"""One wake of one entity: what the handler did, turned into commits.
+
+An :class:`Activation` collects everything a handler does during a wake:
+
+* collection writes (through ``ctx.db.actions``),
+* runs (``record_run``, ``reply``, ``fail_run``),
+* effects leaving the entity: sends, spawns, observations, and the
+  notifications the runtime adds for subscribers when a run finishes or
+  observed collections change.
+
+At a commit point it turns them into log events and timers for
+:meth:`Store.commit`. Effects leave through the entity's own log (an ``outbox``
+event) and are delivered after the commit. Each effect's idempotency key is
+derived from the wake (its first input id) and the effect's position in it, so
+a handler replayed after a crash produces the same keys and nothing is
+delivered twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import (
+    CancelRequested,
+    Changed,
+    ChildRunFinished,
+    Effect,
+    Event,
+    LogRecord,
+    Outbox,
+    RunFinished,
+    RunStarted,
+    StateChanged,
+    Subscription,
+    encode_event,
+)
+from .state import Database, EntityState
+
+# Flags for Store.commit: how the commit script treats each appended event.
+PLAIN, INPUT, OUTBOX = "e", "i", "o"
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A delayed outbox: ``data`` (an encoded ``outbox`` event) is appended at ``due_ms``."""
+
+    member: str
+    due_ms: int
+    data: bytes
+
+
+@dataclass
+class CommitBatch:
+    events: list[tuple[str, bytes]] = field(default_factory=list)
+    timers: list[Timer] = field(default_factory=list)
+    outbox: Outbox | None = None  # the immediate effects, delivered after the commit
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.timers)
+
+
+class Activation:
+    def __init__(
+        self,
+        *,
+        url: str,
+        created: str,
+        state: EntityState,
+        db: Database,
+        inputs: list[LogRecord],
+        max_event_bytes: int,
+    ) -> None:
+        self.url = url
+        self.created = created
+        self.state = state
+        self.db = db
+        self.inputs = inputs
+        self.wake_id = inputs[0].id if inputs else "0-0"
+        self.limit = max_event_bytes
+        self._seq = 0
+        self._commits = 0
+        self._events: list[Event] = []  # run events, in order
+        self._effects: list[Effect] = []
+
+    # -- keys and ids ------------------------------------------------------------
+
+    def next_key(self) -> str:
+        """Idempotency key of the next effect: stable across replays of this wake."""
+        self._seq += 1
+        return f"{self.url}|{self.wake_id}|{self._seq}"
+
+    def derive_id(self, prefix: str) -> str:
+        """A child id that is the same when the wake is replayed (unlike a timestamp)."""
+        self._seq += 1
+        return f"{prefix}-{self.wake_id}-{self._seq}"
+
+    # -- runs --------------------------------------------------------------------
+
+    @property
+    def current_run(self) -> str | None:
+        return self.state.system.run
+
+    def record_run(self) -> str:
+        """Open a run for this wake unless one is open; return its id."""
+        if self.state.system.run is None:
+            self._record(RunStarted(run_id=f"run-{self.wake_id}"))
+        return self.state.system.run  # type: ignore[return-value]
+
+    def finish_run(
+        self, status: str, *, response: str | None = None, error: str | None = None
+    ) -> str:
+        run_id = self.record_run()
+        self._record(RunFinished(run_id=run_id, status=status, response=response, error=error))  # type: ignore[arg-type]
+        return run_id
+
+    def _record(self, event: Event) -> None:
+        self.state.system.apply(event)
+        self._events.append(event)
+
+    # -- effects -----------------------------------------------------------------
+
+    def add_effect(self, effect: Effect) -> Effect:
+        # Encode now so an oversized or unencodable payload fails in the handler, at the call.
+        encode_event(
+            Outbox(effects=[effect]), limit=self.limit, what=f"{effect.kind} to {effect.target}"
+        )
+        self._effects.append(effect)
+        if not effect.due_ms:
+            self.state.system.apply(Outbox(effects=[effect]))
+        return effect
+
+    def cancel_effects(self, reason: str) -> None:
+        """Runtime reaction to a cancel or delete: finish the open run, cancel children."""
+        if self.state.system.run is not None:
+            self.finish_run("cancelled", error=reason)
+        for child in self.state.system.children.values():
+            if child.on_parent_close == "cancel":
+                self.add_effect(
+                    Effect(
+                        kind="cancel",
+                        target=child.url,
+                        key=self.next_key(),
+                        notice=CancelRequested(reason=f"parent {self.url}: {reason}", by=self.url),
+                    )
+                )
+
+    # -- commits -----------------------------------------------------------------
+
+    def take_commit(self) -> CommitBatch:
+        """Everything buffered since the last commit point, as events and timers."""
+        self._commits += 1
+        batch = CommitBatch()
+        ops = self.db.actions.take_pending()
+        if ops:
+            batch.events.append((PLAIN, encode_event(StateChanged(ops=ops), limit=1 << 30)))
+        finished = [e for e in self._events if isinstance(e, RunFinished)]
+        for event in self._events:
+            batch.events.append((PLAIN, encode_event(event, limit=1 << 30)))
+        self._events = []
+        effects, self._effects = self._effects, []
+        effects.extend(self._notifications(finished, {op.collection for op in ops}))
+        immediate = [e for e in effects if not e.due_ms]
+        if immediate:
+            batch.outbox = Outbox(effects=immediate)
+            batch.events.append((OUTBOX, encode_event(batch.outbox, limit=1 << 30)))
+        for effect in effects:
+            if effect.due_ms:
+                batch.timers.append(self._timer(effect))
+        return batch
+
+    def _notifications(self, finished: list[RunFinished], changed: set[str]) -> list[Effect]:
+        out: list[Effect] = []
+        for subscriber, spec in sorted(self.state.system.subs.items()):
+            if spec.kind == "run_finished":
+                for run in finished:
+                    out.append(self._run_notice(subscriber, spec, run))
+            elif spec.kind == "change" and changed:
+                names = sorted(
+                    changed if spec.collections is None else changed & set(spec.collections)
+                )
+                if names:
+                    out.append(self._change_notice(subscriber, spec, names))
+        return out
+
+    def _run_notice(self, subscriber: str, spec: Subscription, run: RunFinished) -> Effect:
+        notice = ChildRunFinished(
+            child=self.url,
+            run_id=run.run_id,
+            status=run.status,
+            response=run.response if spec.include_response else None,
+            error=run.error,
+        )
+        return Effect(
+            kind="notify",
+            target=subscriber,
+            key=f"{self.url}|run|{run.run_id}|{subscriber}",
+            notice=notice,
+        )
+
+    def _change_notice(self, subscriber: str, spec: Subscription, names: list[str]) -> Effect:
+        key = f"{self.url}|chg|{subscriber}|{self.wake_id}|{self._commits}"
+        due = int(time.time() * 1000) + spec.debounce_ms if spec.debounce_ms else 0
+        return Effect(
+            kind="notify",
+            target=subscriber,
+            key=key,
+            notice=Changed(entity=self.url, collections=names),
+            due_ms=due,
+        )
+
+    def _timer(self, effect: Effect) -> Timer:
+        if effect.kind == "notify" and isinstance(effect.notice, Changed):
+            # One pending change notice per observer: later changes of the burst join it.
+            member = f"{self.url}|{self.created}|chg|{effect.target}"
+        else:
+            member = f"{self.url}|{self.created}|{effect.key}"
+        fired = Effect(**{**_fields(effect), "due_ms": 0})
+        data = encode_event(Outbox(effects=[fired], timer=member), limit=1 << 30)
+        return Timer(member, effect.due_ms, data)
+
+
+def _fields(struct: Any) -> dict[str, Any]:
+    return {name: getattr(struct, name) for name in struct.__struct_fields__}
