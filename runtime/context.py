@@ -301,13 +301,15 @@ class HandlerContext:
         if on_parent_close not in ("cancel", "keep"):
             raise ValueError(f"on_parent_close must be 'cancel' or 'keep', not {on_parent_close!r}")
         known = self._activation.state.system.children.get(url)
-        if known is None:
+        if known is not None:
+            existing_args: Any = known.args
+        else:
             try:
-                existing = await self._services.status(url)
+                existing_args = (await self._services.status(url)).args
             except EntityNotFoundError:
-                existing = None
-            if existing is not None and existing.args != clean_args:
-                raise ArgsConflictError(url)
+                existing_args = clean_args
+        if existing_args != clean_args:
+            raise ArgsConflictError(url)
         act = self._activation
         has_message = initial_message is not _NO_MESSAGE
         act.add_effect(

@@ -43,6 +43,7 @@ class ChildInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     url: str
     type: str
+    args: Any = None
     on_parent_close: str = "cancel"
     wake: Subscription | None = None
     tags: dict[str, str] | None = None
@@ -78,6 +79,7 @@ class SystemState(msgspec.Struct, kw_only=True):
                     self.children[effect.target] = ChildInfo(
                         url=effect.target,
                         type=effect.target.split("/")[1],
+                        args=effect.args,
                         on_parent_close=effect.on_parent_close,
                         wake=effect.subscribe,
                         tags=effect.tags,

@@ -335,8 +335,8 @@ class Store:
     # -- partitions: leases, inbox -------------------------------------------
 
     async def heartbeat(self, worker_id: str, ttl_ms: int | None) -> list[str]:
-        reply = await self.redis.evalsha(
-            HEARTBEAT.sha, 1, self.keys.workers, worker_id, "" if ttl_ms is None else ttl_ms
+        reply = await self._run(
+            HEARTBEAT, [self.keys.workers], [worker_id, "" if ttl_ms is None else ttl_ms]
         )
         return [_s(w) for w in reply]
 

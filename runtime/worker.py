@@ -30,6 +30,7 @@ import time
 import traceback
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,11 +144,15 @@ class Worker:
         self._tracked: dict[int, set[str]] = {}
         self._cache: OrderedDict[str, Cached] = OrderedDict()
         self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._leases_changed = asyncio.Event()
         self._room = asyncio.Event()
         self._last_sweep = 0.0
         self.ready = asyncio.Event()
+        # Tests inject crashes here: called with the name of each commit point.
+        self.fault_hook: Callable[[str], None] | None = None
+        self._killed = False
         self.stats = {
             "activations": 0,
             "handler_calls": 0,
@@ -156,6 +161,20 @@ class Worker:
         }
 
     # -- lifecycle -------------------------------------------------------------
+
+    def _fault(self, point: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(point)
+
+    def kill(self) -> None:
+        """Die like ``kill -9`` would: stop every task now, release nothing (for tests)."""
+        self._killed = True
+        for runner in self._runners.values():
+            if runner.task is not None:
+                runner.task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        self._stopping.set()
 
     def stop(self) -> None:
         """Ask for a graceful shutdown; :meth:`run` returns once it is done."""
@@ -172,19 +191,28 @@ class Worker:
         lease_task = asyncio.create_task(self._lease_loop(), name="wakeful-leases")
         read_task = asyncio.create_task(self._read_loop(), name="wakeful-read")
         timer_task = asyncio.create_task(self._timer_loop(), name="wakeful-timers")
+        self._tasks = [lease_task, read_task, timer_task]
         try:
             await self._stopping.wait()
         finally:
             for task in (read_task, timer_task):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await self._drain(self.settings.shutdown_grace_s)
-            lease_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lease_task
-            await self._release_all()
+                await self._reap(task)
+            if not self._killed:
+                await self._drain(self.settings.shutdown_grace_s)
+            await self._reap(lease_task)
+            if not self._killed:
+                await self._release_all()
             log.info("worker %s stopped", self.id)
+
+    async def _reap(self, task: asyncio.Task[None]) -> None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except BaseException:
+            if not self._killed:  # after kill() whatever the task died of is expected
+                raise
 
     async def _drain(self, grace: float) -> None:
         """Let running activations finish; after ``grace`` seconds, cancel them."""
@@ -216,6 +244,9 @@ class Worker:
                 self.ready.set()
             except _TRANSIENT as exc:
                 log.warning("worker %s: lease tick failed: %s", self.id, exc)
+                self._expire_invalid_leases()
+            except Exception:  # never let the lease loop die: the worker would stall silently
+                log.exception("worker %s: lease tick failed", self.id)
                 self._expire_invalid_leases()
             await asyncio.sleep(interval)
 
@@ -373,6 +404,9 @@ class Worker:
         except Exception:  # a bug in the runtime itself: keep the worker alive, leave entries pending
             log.exception("worker %s: runner of %s crashed", self.id, runner.url)
             self._cache.pop(runner.url, None)
+        except BaseException:
+            if not self._killed:  # after kill() the task just ends, whatever stopped it
+                raise
         finally:
             self._untrack(runner.partition, runner.entries)
             self._runners.pop(runner.url, None)
@@ -547,6 +581,7 @@ class Worker:
         fields: dict[str, Any] = {}
         if attempts:
             fields["attempts"] = 0
+        self._fault("wake:before-commit")
         awaited = state.system.awaited_children()
         if awaited != int(meta.get("waiting") or 0):
             fields["waiting"] = awaited
@@ -562,6 +597,7 @@ class Worker:
             fields=fields,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
         )
+        self._fault("wake:after-commit")
         self._remember(url, state, pos, created, since)
         self._untrack(partition, entries)
         await self._deliver_after_commit(url, token, created, batch, ids)
@@ -673,6 +709,7 @@ class Worker:
         outbox_id = next(i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX)
         try:
             failures = await self._deliver(url, batch.outbox.effects)
+            self._fault("deliver:before-mark")
             await self._mark_delivered(url, token, created, outbox_id, failures)
         except (FencedError, EntityGoneError, *_TRANSIENT) as exc:
             log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
@@ -692,6 +729,7 @@ class Worker:
                     continue
                 if isinstance(event, Outbox):
                     failures = await self._deliver(url, event.effects)
+                    self._fault("deliver:before-mark")
                     await self._mark_delivered(url, token, created, entry_id, failures)
 
     async def _mark_delivered(
@@ -762,6 +800,7 @@ class Worker:
             mode=mode,
             idempotency_key=effect.key,
         )
+        self._fault(f"deliver:after-{effect.kind}")
 
     # -- timers --------------------------------------------------------------------
 
@@ -776,7 +815,9 @@ class Worker:
                     for partition, member in await self.store.due_timers(partitions, now):
                         token = self._token(partition)
                         if token is not None:
+                            self._fault("timer:before-fire")
                             await self.store.fire_timer(partition, token, member)
+                            self._fault("timer:after-fire")
                     upcoming = await self.store.next_timer_ms(partitions)
                     if upcoming is not None:
                         delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
