@@ -34,6 +34,7 @@ from .events import (
     RunStarted,
     StateChanged,
     Subscription,
+    TimerFired,
     encode_event,
 )
 from .state import Database, EntityState
@@ -44,7 +45,7 @@ PLAIN, INPUT, OUTBOX = "e", "i", "o"
 
 @dataclass(frozen=True, slots=True)
 class Timer:
-    """A delayed outbox: ``data`` (an encoded ``outbox`` event) is appended at ``due_ms``."""
+    """A delayed effect: ``data`` (an encoded ``timer_fired`` event) is appended at ``due_ms``."""
 
     member: str
     due_ms: int
@@ -217,7 +218,7 @@ class Activation:
         else:
             member = f"{self.url}|{self.created}|{effect.key}"
         fired = Effect(**{**_fields(effect), "due_ms": 0})
-        data = encode_event(Outbox(effects=[fired], timer=member), limit=1 << 30)
+        data = encode_event(TimerFired(effects=[fired], timer=member), limit=1 << 30)
         return Timer(member, effect.due_ms, data)
 
 

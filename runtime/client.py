@@ -311,13 +311,14 @@ class Runtime:
         if type_name in self.registry:
             collections = self.registry.get(type_name).state
         loaded = await self._store.load(url, None)
+        snap_out = (loaded.meta.get("snap_out") or b"0-0").decode()
         state = (
-            EntityState.from_snapshot(loaded.snapshot, collections)
+            EntityState.from_snapshot(loaded.snapshot, collections, snap_out)
             if loaded.snapshot
             else EntityState(collections)
         )
         for entry_id, fields in loaded.entries:
-            state.apply_event(decode_entry(entry_id, fields, url).event)
+            state.fold(entry_id, decode_entry(entry_id, fields, url).event)
         return state
 
     async def events(

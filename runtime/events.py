@@ -25,9 +25,15 @@ DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
 class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
-    """Base of all log events."""
+    """Base of all log events.
+
+    ``is_input``: wakes the entity. ``is_output``: written only by the entity's
+    own commits, and applied to its in-memory state before it is committed (so
+    a fold skips outputs it has already applied; see ``state.Fold``).
+    """
 
     is_input: ClassVar[bool] = False
+    is_output: ClassVar[bool] = False
     v: int = 1
 
 
@@ -138,12 +144,14 @@ class Op(msgspec.Struct, array_like=True):
 
 
 class StateChanged(Event, tag="state"):
+    is_output: ClassVar[bool] = True
     ops: list[Op]
 
 
 class HandlerFailed(Event, tag="handler_error"):
     """The handler raised; the inputs stay unprocessed and will be retried."""
 
+    is_output: ClassVar[bool] = True
     error_type: str
     error: str
     traceback: str
@@ -154,6 +162,7 @@ class HandlerFailed(Event, tag="handler_error"):
 class EntityFailed(Event, tag="failed"):
     """Retries are exhausted (or an input could not be decoded); the entity is parked."""
 
+    is_output: ClassVar[bool] = True
     error: str
     attempts: int
     inputs: list[str]
@@ -181,17 +190,28 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Outbox(Event, tag="outbox"):
     """Effects committed by the entity, delivered after the commit (and again after
-    a crash, deduplicated by their keys). ``timer`` names the timer that fired it."""
+    a crash, deduplicated by their keys)."""
+
+    is_output: ClassVar[bool] = True
+    effects: list[Effect]
+
+
+class TimerFired(Event, tag="timer_fired"):
+    """A durable timer came due: its effects are delivered like an outbox.
+
+    Written by the timer script, not by a commit, so it is not an output."""
 
     effects: list[Effect]
-    timer: str | None = None
+    timer: str
 
 
 class RunStarted(Event, tag="run_started"):
+    is_output: ClassVar[bool] = True
     run_id: str
 
 
 class RunFinished(Event, tag="run_finished"):
+    is_output: ClassVar[bool] = True
     run_id: str
     status: Literal["completed", "failed", "cancelled"]
     response: str | None = None
@@ -210,6 +230,7 @@ AnyEvent = (
     | Resumed
     | StateChanged
     | Outbox
+    | TimerFired
     | RunStarted
     | RunFinished
     | HandlerFailed

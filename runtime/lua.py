@@ -64,7 +64,7 @@ return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 
 # KEYS: lease, log, meta, inbox, snap, timers, timerdata
 # ARGV: token, group, cursor ('' = keep), created ('' = skip incarnation check),
-#       snapshot ('' = none), snapshot_upto, channel, url,
+#       snapshot ('' = none), snapshot_seen, snapshot_out, channel, url,
 #       n_events, n_acks, n_fields, n_timers,
 #       n pairs (flag, event), ack ids, field/value pairs, timer triples (member, due, data)
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
@@ -73,20 +73,24 @@ return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
-local ne, na, nf, nt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
-local i = 13
+local ne, na, nf, nt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local i = 14
 local out = {'OK'}
 local changed = false
+local last_out = ARGV[7]
 for _ = 1, ne do
   local flag = ARGV[i]
   local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i + 1])
   out[#out + 1] = id
   if flag == 'i' then
     redis.call('HSET', KEYS[3], 'last_in', id)
-  elseif flag == 'o' then
-    redis.call('HSET', KEYS[3], 'out_last', id)
-    redis.call('XADD', KEYS[4], '*', 'u', ARGV[8])
-    changed = true
+  else
+    last_out = id
+    if flag == 'o' then
+      redis.call('HSET', KEYS[3], 'out_last', id)
+      redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
+      changed = true
+    end
   end
   i = i + 2
 end
@@ -112,9 +116,9 @@ for _ = 1, nt do
 end
 if ARGV[5] ~= '' then
   redis.call('SET', KEYS[5], ARGV[5])
-  redis.call('HSET', KEYS[3], 'snap_upto', ARGV[6])
+  redis.call('HSET', KEYS[3], 'snap_upto', ARGV[6], 'snap_out', last_out)
 end
-if changed then redis.call('PUBLISH', ARGV[7], ARGV[3]) end
+if changed then redis.call('PUBLISH', ARGV[8], ARGV[3]) end
 return out
 """
 

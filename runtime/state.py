@@ -31,8 +31,10 @@ from .events import (
     StateChanged,
     Subscribed,
     Subscription,
+    TimerFired,
 )
 from .registry import Collection
+from .streamids import ZERO, id_gt
 
 _encoder = msgspec.msgpack.Encoder()
 _any_decoder = msgspec.msgpack.Decoder()
@@ -73,7 +75,7 @@ class SystemState(msgspec.Struct, kw_only=True):
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
             self.subs[event.subscriber] = event.spec
-        elif isinstance(event, Outbox):
+        elif isinstance(event, Outbox | TimerFired):
             for effect in event.effects:
                 if effect.kind == "spawn" and effect.target not in self.children:
                     self.children[effect.target] = ChildInfo(
@@ -113,13 +115,27 @@ class Snapshot(msgspec.Struct, kw_only=True):
 
 
 class EntityState:
-    """Rows of every collection of one entity, as encoded bytes, plus the system state."""
+    """Rows of every collection of one entity, as encoded bytes, plus the system state.
 
-    __slots__ = ("rows", "system")
+    ``applied`` is the id of the last output event folded in. Outputs are applied
+    in memory before their commit, so a later read of the log skips the outputs
+    at or before ``applied``; everything else read is new and is folded.
+    """
+
+    __slots__ = ("applied", "rows", "system")
 
     def __init__(self, collections: dict[str, Collection] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
         self.system = SystemState()
+        self.applied = ZERO
+
+    def fold(self, entry_id: str, event: object) -> None:
+        """Apply one log entry read after the last read position, exactly once."""
+        if getattr(event, "is_output", False):
+            if not id_gt(entry_id, self.applied):
+                return  # already applied when it was written
+            self.applied = entry_id
+        self.apply_event(event)
 
     def apply(self, ops: list[Op]) -> None:
         for op in ops:
@@ -149,12 +165,15 @@ class EntityState:
         return _encoder.encode(Snapshot(rows=rows, system=self.system))
 
     @classmethod
-    def from_snapshot(cls, data: bytes, collections: dict[str, Collection]) -> EntityState:
+    def from_snapshot(
+        cls, data: bytes, collections: dict[str, Collection], applied: str = ZERO
+    ) -> EntityState:
         snap = msgspec.msgpack.decode(data, type=Snapshot)
         state = cls(collections)
         for name, table in snap.rows.items():
             state.rows[name] = {key: bytes(raw) for key, raw in table.items()}
         state.system = snap.system
+        state.applied = applied
         return state
 
     def to_builtins(self) -> dict[str, list[Any]]:

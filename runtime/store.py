@@ -228,16 +228,17 @@ class Store:
         fields: dict[str, Any] | None = None,
         created: str = "",
         snapshot: bytes = b"",
-        snapshot_upto: str = "",
+        snapshot_seen: str = "",
+        snapshot_out: str = "",
         timers: list[tuple[str, int, bytes]] = (),  # type: ignore[assignment]
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
         ``events`` are ``(flag, encoded event)`` pairs: ``"e"`` plain, ``"i"``
-        input, ``"o"`` outbox. A snapshot must hold the state folded up to
-        ``snapshot_upto``, the last log entry the wake read; state events after
-        it are re-applied on load, which is harmless because every op sets or
-        deletes a whole row. Raises :class:`FencedError` if ``token`` no longer
+        input, ``"o"`` outbox. A snapshot holds every event up to
+        ``snapshot_seen`` (the last entry the wake read) and every output up to
+        the last output this commit appends (or ``snapshot_out`` if it appends
+        none); see ``state.fold``. Raises :class:`FencedError` if ``token`` no longer
         holds the partition lease, :class:`EntityGoneError` if the entity's
         incarnation changed.
         """
@@ -261,7 +262,8 @@ class Store:
                 cursor,
                 created,
                 snapshot,
-                snapshot_upto,
+                snapshot_seen,
+                snapshot_out,
                 k.idle_channel(url),
                 url,
                 len(events),

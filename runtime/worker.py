@@ -63,6 +63,7 @@ from .events import (
     Message,
     Outbox,
     Subscribed,
+    TimerFired,
     decode_entry,
     encode_event,
     pack,
@@ -480,7 +481,9 @@ class Worker:
         if cached is not None:
             state = cached.state
         elif loaded.snapshot is not None:
-            state = EntityState.from_snapshot(loaded.snapshot, entity_type.state)
+            state = EntityState.from_snapshot(
+                loaded.snapshot, entity_type.state, _text(loaded.meta, "snap_out") or ZERO
+            )
         else:
             state = EntityState(entity_type.state)
         records: list[LogRecord] = []
@@ -497,7 +500,7 @@ class Worker:
                 records.append(LogRecord(entry_id, Event()))
                 continue
             records.append(record)
-            state.apply_event(record.event)
+            state.fold(entry_id, record.event)
             if record.event.is_input and id_gt(entry_id, cursor):
                 inputs.append(record)
         return state, records, inputs, undecodable
@@ -543,6 +546,7 @@ class Worker:
                     url, token, events=batch.events, created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                 )
+                _note_applied(state, batch.events, ids)
                 await self._deliver_after_commit(url, token, created, batch, ids)
 
         parsed = parse_url(url)
@@ -593,10 +597,12 @@ class Worker:
             acks=entries,
             created=created,
             snapshot=snapshot,
-            snapshot_upto=pos,
+            snapshot_seen=pos,
+            snapshot_out=state.applied,
             fields=fields,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
         )
+        _note_applied(state, batch.events, ids)
         self._fault("wake:after-commit")
         self._remember(url, state, pos, created, since)
         self._untrack(partition, entries)
@@ -727,7 +733,7 @@ class Worker:
                     event = decode_entry(entry_id, fields, url).event
                 except EventDecodeError:
                     continue
-                if isinstance(event, Outbox):
+                if isinstance(event, Outbox | TimerFired):
                     failures = await self._deliver(url, event.effects)
                     self._fault("deliver:before-mark")
                     await self._mark_delivered(url, token, created, entry_id, failures)
@@ -850,6 +856,13 @@ class Worker:
 
 async def _no_handler(ctx: HandlerContext) -> None:  # pragma: no cover - placeholder type
     raise AssertionError("not a handler")
+
+
+def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list[str]) -> None:
+    """After a commit: its outputs were applied before they were written."""
+    for (flag, _), event_id in zip(events, ids, strict=True):
+        if flag != INPUT:
+            state.applied = event_id
 
 
 def _text(meta: dict[str, bytes], field: str) -> str:
