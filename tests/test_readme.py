@@ -15,6 +15,13 @@ def test_readme_quickstart_runs(capsys):
     assert "{'counts': [{'key': 'total', 'n': 2}]}" in capsys.readouterr().out
 
 
+def test_readme_delegation_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### Delegating to children\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    assert "INTRO / BODY / OUTRO" in capsys.readouterr().out
+
+
 def test_demo_runs_on_the_embedded_default():
     out = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "demo"],
