@@ -1,10 +1,12 @@
 """State rebuilt from a snapshot plus the log tail equals state folded from the whole log.
 
-The worker snapshots the state *after* a wake's writes but records the snapshot
-as covering the log only up to the last entry the wake read, so on load the
-writes of that wake (and possibly more) are applied a second time. That is safe
-only if re-applying any suffix of the state events is idempotent, which the
-property tests below check together with the plain snapshot + tail equivalence.
+The worker snapshots the state *after* a wake's writes, while the snapshot's
+read position (``snap_upto``) is the last entry the wake read, so a later load
+reads the wake's own state events again. ``EntityState.fold`` skips outputs at
+or before the snapshot's ``applied`` id; beneath that, every op sets or deletes
+a whole row, so even re-applying any suffix of the log must leave the state
+(values and row order) unchanged. The property tests below check both, together
+with the plain snapshot + tail equivalence.
 """
 
 from __future__ import annotations
@@ -118,10 +120,22 @@ def run_ops(
     return live, log, model
 
 
+def entry_id(n: int) -> str:
+    return f"1-{n}"
+
+
 def fold(log: list[bytes], state: EntityState | None = None) -> EntityState:
+    """Apply every event, with no skipping (what re-applying a suffix does)."""
     state = state if state is not None else EntityState(SPECS)
     for n, data in enumerate(log):
-        state.apply_event(decode_event(data, stream_id=f"1-{n}"))
+        state.apply_event(decode_event(data, stream_id=entry_id(n)))
+    return state
+
+
+def exact_fold(log: list[bytes], start: int, state: EntityState) -> EntityState:
+    """Fold entries ``start..`` by id, the way the worker reads a log tail."""
+    for n in range(start, len(log)):
+        state.fold(entry_id(n), decode_event(log[n], stream_id=entry_id(n)))
     return state
 
 
@@ -174,6 +188,16 @@ def test_reapplying_any_suffix_is_idempotent(data) -> None:
     rebuilt = fold(log[j:], EntityState.from_snapshot(snap, SPECS))
     assert rebuilt.rows == full.rows
     assert view(rebuilt) == view(full)
+
+    # The worker's exact fold: the snapshot records the last output it holds and
+    # outputs at or before it are skipped when the tail from j is read again.
+    outputs = [n for n in range(k) if decode_event(log[n]).is_output]
+    applied = entry_id(outputs[-1]) if outputs else "0-0"
+    exact = exact_fold(log, j, EntityState.from_snapshot(snap, SPECS, applied))
+    assert exact.rows == full.rows
+    assert view(exact) == view(full)
+    all_outputs = [n for n in range(len(log)) if decode_event(log[n]).is_output]
+    assert exact.applied == (entry_id(all_outputs[-1]) if all_outputs else "0-0")
 
 
 # --- end to end ----------------------------------------------------------------
