@@ -1,0 +1,871 @@
+#!/usr/bin/env python
+"""Wake throughput and latency of one Wakeful worker, next to a raw redis-py loop.
+
+    .venv/bin/python scripts/bench_wakes.py                 # full size (about a minute)
+    .venv/bin/python scripts/bench_wakes.py --quick         # smoke run, a few seconds
+    .venv/bin/python scripts/bench_wakes.py --rounds 3      # medians of 3 rounds
+
+What it measures, in one run on one Redis, so the two sides can be compared:
+
+**Raw baseline.** ``--messages`` messages (each a msgpack-encoded ``Message``
+event, the same bytes Wakeful writes) are preloaded into ``--partitions``
+partition streams with a consumer group. Then ONE consumer process (this script
+with ``--role raw``) drains them the way PERF-REFERENCE's raw loop does:
+XREADGROUP COUNT 100 over all partition streams (BLOCK), decode every message,
+and one pipeline per read with one XADD per message to a per-entity log stream
+plus one XACK per stream. Every message is one "handler call".
+
+**Wakeful.** The producer preloads the same number of messages to
+``--entities`` entities with the real client (``Runtime(run_worker=False)``,
+``rt.send``), then starts ONE worker process (this script with ``--role
+worker``, a real :class:`runtime.Worker` and :class:`runtime.store.Store`)
+running a trivial handler that only counts its messages (``--writes`` also
+upserts a counter row per wake, so every commit carries a state event). Timing
+starts when the worker holds its partition leases (startup excluded) and ends
+when every message's wake has committed *and* every wake pointer is
+acknowledged. A wake runs the handler once with *every* unprocessed input of
+the entity, so on a backlog several messages share one handler call: messages/s,
+handler calls/s and activations (wakes, including those that only acknowledge
+pointers an earlier wake made redundant) are all reported. The ratio is Wakeful
+messages/s over raw messages/s (target: at least 0.3).
+
+**One message per wake.** Because preloading 50 messages per entity lets one
+wake take all 50, the same number of messages is also sent to as many entities,
+one each (skip with ``--no-single``): every message is then a cold wake of its
+own, which is the worker's real cost per wake.
+
+**Latency.** With each consumer running and idle, the producer sends ``--rate``
+messages per second for ``--seconds`` seconds, round-robin over the entities;
+each payload carries its send time (``time.time()``, the processes share one
+clock). Reported: send -> handler start (the raw loop: -> decoded) and send ->
+committed (the raw loop: -> its XADD/XACK pipeline returned), as p50/p90/p99/max
+in milliseconds. Target: Wakeful p50 at most 1 ms at 5,000/s.
+
+Producer, consumer and Redis share the machine, as in PERF-REFERENCE; compare
+the ratio, not the absolute figures, across machines. The script first samples
+how busy the CPUs are and warns when other work is running, since that skews
+the latency figures most. Every key lives under a unique prefix
+(``wkbench-...``) and is deleted at the end. Other Wakeful settings can be
+tuned with ``WAKEFUL_*`` variables (e.g. ``WAKEFUL_MAX_CONCURRENCY``); the
+worker process inherits them. ``--profile-worker FILE`` runs cProfile in the
+worker during one phase (``--profile-phase throughput|latency|single``) and
+prints its top functions to stderr.
+
+The last line of output is every figure as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import secrets
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from typing import Any
+
+import msgspec
+import redis
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from runtime import Collection, HandlerContext, Registry, Runtime, Settings, Worker
+from runtime.events import Message, decode_event, encode_event
+from runtime.keys import Keyspace
+from runtime.store import Store
+
+ENTITY_TYPE = "bench"
+RAW_GROUP = "bench"
+RAW_COUNT = 100
+STARTUP_TIMEOUT_S = 60.0
+
+# -- the benchmark entity (runs in the worker process) ------------------------
+
+
+class Probe:
+    """Counts what the worker did; lives in the worker process only.
+
+    Every ``rt.send`` appends one message and one wake pointer, so a phase is
+    over when its messages are committed *and* its pointers acknowledged (a
+    pointer whose message an earlier wake already handled still costs a wake
+    that only acknowledges it).
+    """
+
+    def __init__(self) -> None:
+        self.writes = False
+        self.handler_calls = 0
+        self.committed = 0  # messages whose wake has committed
+        self.committed_stamped = 0  # of them, latency-phase messages
+        self.acked = 0  # wake pointers acknowledged
+        self.handler_lat: list[float] = []
+        self.commit_lat: list[float] = []
+        self.inflight: dict[str, tuple[int, list[float]]] = {}
+        self.target = 0
+        self.target_stamped = 0
+        self.committed_at: float | None = None  # perf_counter when the last message committed
+        self.done = asyncio.Event()
+        self.done_stamped = asyncio.Event()
+
+    def commit_returned(self, url: str, cursor: str, acks: int) -> None:
+        self.acked += acks
+        entry = self.inflight.pop(url, None) if cursor else None
+        if entry is not None:
+            count, stamps = entry
+            now = time.time()
+            self.committed += count
+            self.committed_stamped += len(stamps)
+            self.commit_lat.extend(now - ts for ts in stamps)
+        if self.committed_at is None and self.target and self.committed >= self.target:
+            self.committed_at = time.perf_counter()
+        if self.committed >= self.target and self.acked >= self.target:
+            self.done.set()
+        if (
+            self.target_stamped
+            and self.committed_stamped >= self.target_stamped
+            and self.acked >= self.target + self.target_stamped
+        ):
+            self.done_stamped.set()
+
+
+PROBE = Probe()
+registry = Registry()
+
+
+@registry.entity(
+    ENTITY_TYPE,
+    description="trivial benchmark handler: counts its messages",
+    state={"counter": Collection(primary_key="key")},
+)
+async def bench_handler(ctx: HandlerContext) -> None:
+    now = time.time()
+    messages = ctx.wake.messages
+    stamps = [
+        m.payload["ts"] for m in messages if isinstance(m.payload, dict) and "ts" in m.payload
+    ]
+    PROBE.handler_lat.extend(now - ts for ts in stamps)
+    PROBE.handler_calls += 1
+    if PROBE.writes:
+        counter = ctx.db.collections.counter.get("n")
+        if counter is None:
+            ctx.db.actions.counter_insert(row={"key": "n", "n": len(messages)})
+        else:
+            ctx.db.actions.counter_update(
+                key="n", updater=lambda row: {**row, "n": row["n"] + len(messages)}
+            )
+    PROBE.inflight[ctx.entity_url] = (len(messages), stamps)
+
+
+class BenchStore(Store):
+    """The real store; counts a wake's messages and pointers once its commit has returned."""
+
+    async def commit(self, url: str, token: str, **kwargs: Any) -> list[str]:
+        result = await super().commit(url, token, **kwargs)
+        PROBE.commit_returned(url, kwargs.get("cursor", ""), len(kwargs.get("acks", ())))
+        return result
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def emit(**data: Any) -> None:
+    print(json.dumps(data), flush=True)
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float | int]:
+    """p50/p90/p99/max in milliseconds (nearest rank)."""
+    if not samples_s:
+        return {"n": 0}
+    ordered = sorted(samples_s)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))] * 1000
+
+    return {
+        "n": len(ordered),
+        "p50": round(rank(0.50), 3),
+        "p90": round(rank(0.90), 3),
+        "p99": round(rank(0.99), 3),
+        "max": round(ordered[-1] * 1000, 3),
+    }
+
+
+def entity_urls(n: int) -> list[str]:
+    return [f"/{ENTITY_TYPE}/e{i:05d}" for i in range(n)]
+
+
+def raw_inbox(prefix: str, partition: int) -> str:
+    return f"{prefix}:raw:{{p{partition}}}:in"
+
+
+def raw_log(prefix: str, partition: int, url: str) -> str:
+    return f"{prefix}:raw:{{p{partition}}}:log:{url}"
+
+
+async def paced(total: int, rate: float, send: Callable[[range], Awaitable[None]]) -> float:
+    """Send ``total`` messages at ``rate``/s in ~1 ms ticks; returns the seconds it took."""
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter()
+    sent = 0
+    while sent < total:
+        due = min(total, int((time.perf_counter() - start) * rate) + 1)
+        if due > sent:
+            tasks.append(asyncio.create_task(send(range(sent, due))))
+            sent = due
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - start
+
+
+async def delete_prefix(r: Redis, prefix: str) -> int:
+    deleted = 0
+    batch: list[bytes] = []
+    async for key in r.scan_iter(match=f"{prefix}:*", count=2000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            deleted += await r.unlink(*batch)
+            batch = []
+    if batch:
+        deleted += await r.unlink(*batch)
+    return deleted
+
+
+# -- worker process -----------------------------------------------------------
+
+
+async def worker_main(args: argparse.Namespace) -> None:
+    PROBE.writes = args.writes
+    PROBE.target = args.expect
+    PROBE.target_stamped = args.expect_latency
+    settings = Settings.from_env(
+        redis_url=args.redis, prefix=args.prefix, partitions=args.partitions
+    )
+    conn = Redis.from_url(args.redis, decode_responses=False)
+    store = BenchStore(
+        conn,
+        Keyspace(settings.prefix, settings.partitions),
+        idempotency_ttl_ms=settings.idempotency_ttl_s * 1000,
+    )
+    worker = Worker(registry, store, settings)
+    started = time.perf_counter()
+    task = asyncio.create_task(worker.run())
+    ready = asyncio.create_task(worker.ready.wait())
+    await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+    t0 = time.perf_counter()
+    emit(event="ready", startup_s=t0 - started, partitions=len(worker.leases))
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler and args.profile_phase == "throughput":
+        profiler.enable()
+    await PROBE.done.wait()
+    elapsed = time.perf_counter() - t0
+    if profiler:
+        profiler.disable()
+    emit(
+        event="throughput",
+        seconds=elapsed,
+        seconds_committed=(PROBE.committed_at or t0) - t0,
+        messages=PROBE.committed,
+        handler_calls=PROBE.handler_calls,
+        activations=worker.stats["activations"],
+    )
+    if args.expect_latency:
+        if profiler and args.profile_phase == "latency":
+            profiler.enable()
+        await PROBE.done_stamped.wait()
+        if profiler:
+            profiler.disable()
+        emit(
+            event="latency",
+            handler=percentiles(PROBE.handler_lat),
+            committed=percentiles(PROBE.commit_lat),
+        )
+    if profiler:
+        profiler.dump_stats(args.profile)
+    worker.stop()
+    await task
+    await conn.aclose()
+
+
+# -- raw consumer process -------------------------------------------------------
+
+
+async def raw_main(args: argparse.Namespace) -> None:
+    r = Redis.from_url(args.redis, decode_responses=False)
+    await r.ping()
+    streams = {raw_inbox(args.prefix, p): ">" for p in range(args.partitions)}
+    keys = Keyspace(args.prefix, args.partitions)
+    log_keys: dict[bytes, str] = {}
+    handler_lat: list[float] = []
+    commit_lat: list[float] = []
+    done = 0
+    stamped = 0
+    emit(event="ready", startup_s=0.0, partitions=args.partitions)
+    t0 = time.perf_counter()
+    throughput_reported = False
+    while True:
+        reply = await r.xreadgroup(RAW_GROUP, "c1", streams, count=RAW_COUNT, block=100)
+        if not reply:
+            continue
+        now = time.time()
+        stamps: list[float] = []
+        pipe = r.pipeline(transaction=False)
+        for stream, entries in reply:
+            ids = []
+            for entry_id, fields in entries:
+                data = fields[b"e"]
+                event = decode_event(data)
+                url_b = fields[b"u"]
+                key = log_keys.get(url_b)
+                if key is None:
+                    url = url_b.decode()
+                    key = log_keys[url_b] = raw_log(args.prefix, keys.partition(url), url)
+                pipe.xadd(key, {"e": data})
+                payload = event.payload  # type: ignore[attr-defined]
+                if isinstance(payload, dict) and "ts" in payload:
+                    stamps.append(payload["ts"])
+                ids.append(entry_id)
+            pipe.xack(stream, RAW_GROUP, *ids)
+        await pipe.execute()
+        committed_at = time.time()
+        handler_lat.extend(now - ts for ts in stamps)
+        commit_lat.extend(committed_at - ts for ts in stamps)
+        done += sum(len(entries) for _, entries in reply) - len(stamps)
+        stamped += len(stamps)
+        if not throughput_reported and done >= args.expect:
+            throughput_reported = True
+            elapsed = time.perf_counter() - t0
+            emit(
+                event="throughput",
+                seconds=elapsed,
+                seconds_committed=elapsed,
+                messages=done,
+                handler_calls=done,
+                activations=done,
+            )
+            if not args.expect_latency:
+                break
+        if args.expect_latency and stamped >= args.expect_latency:
+            emit(
+                event="latency", handler=percentiles(handler_lat), committed=percentiles(commit_lat)
+            )
+            break
+    await r.aclose()
+
+
+# -- orchestration ----------------------------------------------------------------
+
+
+class Child:
+    """A consumer subprocess (this script in another role) speaking JSON lines."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, role: str, args: argparse.Namespace, prefix: str, **extra: Any) -> Child:
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--role",
+            role,
+            "--redis",
+            args.redis,
+            "--prefix",
+            prefix,
+            "--partitions",
+            str(args.partitions),
+        ]
+        for name, value in extra.items():
+            if value is True:
+                argv.append(f"--{name.replace('_', '-')}")
+            elif value not in (None, False):
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        return cls(proc)
+
+    async def expect(self, event: str, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {event!r} from the {self.proc.pid} child in {timeout}s")
+            line = await asyncio.wait_for(self.proc.stdout.readline(), remaining)
+            if not line:
+                raise RuntimeError(f"child {self.proc.pid} exited before reporting {event!r}")
+            with contextlib.suppress(ValueError):
+                data = json.loads(line)
+                if isinstance(data, dict) and data.get("event") == event:
+                    return data
+
+    async def finish(self) -> None:
+        try:
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+def latency_messages(args: argparse.Namespace) -> int:
+    return int(args.rate * args.seconds)
+
+
+def phase_timeout(args: argparse.Namespace) -> float:
+    return max(120.0, args.messages / 500)
+
+
+async def run_raw(args: argparse.Namespace, r: Redis, prefix: str) -> dict[str, Any]:
+    keys = Keyspace(prefix, args.partitions)
+    urls = entity_urls(args.entities)
+    for p in range(args.partitions):
+        await r.xgroup_create(raw_inbox(prefix, p), RAW_GROUP, id="0", mkstream=True)
+
+    def add(pipe: Any, i: int, payload: Any) -> None:
+        url = urls[i % len(urls)]
+        data = encode_event(Message(payload=payload))
+        pipe.xadd(raw_inbox(prefix, keys.partition(url)), {"u": url, "e": data})
+
+    for start in range(0, args.messages, 1000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(args.messages, start + 1000)):
+            add(pipe, i, {"n": i})
+        await pipe.execute()
+
+    n_lat = latency_messages(args)
+    child = await Child.start("raw", args, prefix, expect=args.messages, expect_latency=n_lat)
+    try:
+        await child.expect("ready", STARTUP_TIMEOUT_S)
+        tp = await child.expect("throughput", phase_timeout(args))
+        result: dict[str, Any] = {"throughput": tp}
+        if n_lat:
+
+            async def send(batch: range) -> None:
+                pipe = r.pipeline(transaction=False)
+                for i in batch:
+                    add(pipe, i, {"ts": time.time()})
+                await pipe.execute()
+
+            send_s = await paced(n_lat, args.rate, send)
+            result["latency"] = await child.expect("latency", phase_timeout(args))
+            result["latency"]["achieved_rate"] = n_lat / send_s
+        await child.finish()
+        return result
+    finally:
+        child.kill()
+
+
+async def run_wakeful(
+    args: argparse.Namespace,
+    r: Redis,
+    prefix: str,
+    *,
+    entities: int,
+    messages: int,
+    latency: bool,
+    profile: bool,
+) -> dict[str, Any]:
+    settings = Settings.from_env(redis_url=args.redis, prefix=prefix, partitions=args.partitions)
+    rt = await Runtime(registry, settings=settings, run_worker=False).start()
+    urls = entity_urls(entities)
+    started = time.perf_counter()
+    chunk = 1000
+    for start in range(0, messages, chunk):
+        await asyncio.gather(
+            *(
+                rt.send(urls[i % len(urls)], {"n": i})
+                for i in range(start, min(messages, start + chunk))
+            )
+        )
+    preload_s = time.perf_counter() - started
+
+    n_lat = latency_messages(args) if latency else 0
+    child = await Child.start(
+        "worker",
+        args,
+        prefix,
+        expect=messages,
+        expect_latency=n_lat,
+        writes=args.writes,
+        profile=args.profile_worker if profile else None,
+        profile_phase="latency" if args.profile_phase == "latency" else "throughput",
+    )
+    try:
+        ready = await child.expect("ready", STARTUP_TIMEOUT_S)
+        tp = await child.expect("throughput", phase_timeout(args))
+        tp["startup_s"] = ready["startup_s"]
+        tp["preload_sends_per_s"] = messages / preload_s
+        result: dict[str, Any] = {"throughput": tp}
+        if n_lat:
+
+            async def send(batch: range) -> None:
+                await asyncio.gather(
+                    *(rt.send(urls[i % len(urls)], {"ts": time.time()}) for i in batch)
+                )
+
+            send_s = await paced(n_lat, args.rate, send)
+            result["latency"] = await child.expect("latency", phase_timeout(args))
+            result["latency"]["achieved_rate"] = n_lat / send_s
+        await child.finish()
+        return result
+    finally:
+        child.kill()
+        await rt.close()
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # total, idle+iowait
+
+
+async def background_load(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs busy (with anything) during ``seconds`` before the benchmark."""
+    before = _cpu_times()
+    await asyncio.sleep(seconds)
+    after = _cpu_times()
+    if before is None or after is None or after[0] == before[0]:
+        return None
+    return 1 - (after[1] - before[1]) / (after[0] - before[0])
+
+
+def machine_info(server: dict[str, Any]) -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    hiredis_version = None
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        hiredis_version = metadata.version("hiredis")
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": cores,
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "hiredis": hiredis_version if HIREDIS_AVAILABLE else None,
+        "msgspec": msgspec.__version__,
+        "redis_server": server.get("redis_version"),
+        "appendonly": server.get("aof_enabled"),
+    }
+
+
+def median_of(rounds: list[dict[str, Any]], *path: str) -> float:
+    values = []
+    for item in rounds:
+        for part in path:
+            item = item[part]
+        values.append(item)
+    return statistics.median(values)
+
+
+def fmt(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    r = Redis.from_url(args.redis, decode_responses=False)
+    info = await r.info("server")
+    info.update(await r.info("persistence"))
+    machine = machine_info(info)
+    machine["busy_before"] = await background_load()
+    print(
+        f"machine: {machine['platform']} | {machine['cpu']} | {machine['cores']} cores | "
+        f"Python {machine['python']} | redis-py {machine['redis_py']} "
+        f"(hiredis {machine['hiredis'] or 'NOT available'}) | msgspec {machine['msgspec']} | "
+        f"Redis {machine['redis_server']} (AOF {'on' if machine['appendonly'] else 'off'})"
+    )
+    busy = machine["busy_before"]
+    if busy is not None:
+        print(f"CPU busy before the run (other processes): {busy:.0%}")
+        if busy > 0.15:
+            print(
+                "  WARNING: the machine is not idle; producer, consumer and Redis compete with "
+                "other work, so the figures (latency most of all) are pessimistic"
+            )
+    n_lat = latency_messages(args)
+    print(
+        f"workload: {args.entities:,} entities, {args.messages:,} messages, "
+        f"{args.partitions} partitions, one consumer process; latency: {args.rate:,.0f} msg/s "
+        f"for {args.seconds:g} s ({n_lat:,} messages); handler "
+        f"{'counts and writes a counter row' if args.writes else 'only counts'}; "
+        f"{args.rounds} round(s)",
+        flush=True,
+    )
+    base = f"wkbench-{os.getpid()}-{secrets.token_hex(3)}"
+    rounds: list[dict[str, Any]] = []
+    try:
+        for n in range(args.rounds):
+            raw = await run_raw(args, r, f"{base}-r{n}")
+            wakeful = await run_wakeful(
+                args,
+                r,
+                f"{base}-w{n}",
+                entities=args.entities,
+                messages=args.messages,
+                latency=True,
+                profile=args.profile_phase != "single",
+            )
+            rt, wt = raw["throughput"], wakeful["throughput"]
+            entry: dict[str, Any] = {
+                "raw_msgs_per_s": rt["messages"] / rt["seconds"],
+                "wakeful_msgs_per_s": wt["messages"] / wt["seconds"],
+                "wakeful_handler_calls_per_s": wt["handler_calls"] / wt["seconds"],
+                "wakeful_msgs_per_call": wt["messages"] / max(1, wt["handler_calls"]),
+                "wakeful_activations": wt["activations"],
+                "wakeful_committed_msgs_per_s": wt["messages"] / wt["seconds_committed"],
+                "raw_seconds": rt["seconds"],
+                "wakeful_seconds": wt["seconds"],
+                "wakeful_startup_s": wt["startup_s"],
+                "wakeful_preload_sends_per_s": wt["preload_sends_per_s"],
+            }
+            entry["ratio"] = entry["wakeful_msgs_per_s"] / entry["raw_msgs_per_s"]
+            if args.single:
+                single = await run_wakeful(
+                    args,
+                    r,
+                    f"{base}-s{n}",
+                    entities=args.messages,
+                    messages=args.messages,
+                    latency=False,
+                    profile=args.profile_phase == "single",
+                )
+                st = single["throughput"]
+                entry["single_msgs_per_s"] = st["messages"] / st["seconds"]
+                entry["single_handler_calls_per_s"] = st["handler_calls"] / st["seconds"]
+                entry["single_seconds"] = st["seconds"]
+                entry["single_activations"] = st["activations"]
+                entry["single_ratio"] = entry["single_msgs_per_s"] / entry["raw_msgs_per_s"]
+            if n_lat:
+                entry["raw_latency"] = raw["latency"]
+                entry["wakeful_latency"] = wakeful["latency"]
+            rounds.append(entry)
+            print(
+                f"  round {n + 1}: raw {fmt(entry['raw_msgs_per_s'])} msg/s, wakeful "
+                f"{fmt(entry['wakeful_msgs_per_s'])} msg/s "
+                f"({fmt(entry['wakeful_handler_calls_per_s'])} handler calls/s), "
+                f"ratio {entry['ratio']:.3f}"
+                + (
+                    f"; one msg per wake {fmt(entry['single_msgs_per_s'])} wakes/s, "
+                    f"ratio {entry['single_ratio']:.3f}"
+                    if args.single
+                    else ""
+                ),
+                flush=True,
+            )
+    finally:
+        for n in range(args.rounds):
+            for side in "rws":
+                await delete_prefix(r, f"{base}-{side}{n}")
+        await r.aclose()
+
+    keys = [
+        "raw_msgs_per_s",
+        "wakeful_msgs_per_s",
+        "wakeful_handler_calls_per_s",
+        "wakeful_msgs_per_call",
+        "wakeful_activations",
+        "wakeful_committed_msgs_per_s",
+        "ratio",
+        "wakeful_startup_s",
+        "wakeful_preload_sends_per_s",
+    ]
+    if args.single:
+        keys += ["single_msgs_per_s", "single_handler_calls_per_s", "single_ratio"]
+    summary: dict[str, Any] = {key: median_of(rounds, key) for key in keys}
+    lat: dict[str, Any] = {}
+    if n_lat:
+        for side in ("raw", "wakeful"):
+            for stage in ("handler", "committed"):
+                lat[f"{side}_{stage}"] = {
+                    q: median_of(rounds, f"{side}_latency", stage, q)
+                    for q in ("p50", "p90", "p99", "max")
+                }
+            lat[f"{side}_achieved_rate"] = median_of(rounds, f"{side}_latency", "achieved_rate")
+    ratio_ok = summary["ratio"] >= 0.3
+    p50_ok = bool(lat) and lat["wakeful_handler"]["p50"] <= 1.0
+
+    median = " (medians)" if args.rounds > 1 else ""
+    print()
+    print(f"throughput, one consumer process draining a preloaded backlog{median}")
+    print(f"  {'':<40}{'msgs/s':>10}{'handler calls/s':>17}{'msgs/call':>11}")
+
+    def row(label: str, msgs: float, calls: float) -> None:
+        print(f"  {label:<40}{fmt(msgs):>10}{fmt(calls):>17}{msgs / calls:>11.2f}")
+
+    row("raw redis-py loop", summary["raw_msgs_per_s"], summary["raw_msgs_per_s"])
+    row(
+        f"wakeful, {args.entities:,} entities",
+        summary["wakeful_msgs_per_s"],
+        summary["wakeful_handler_calls_per_s"],
+    )
+    if args.single:
+        row(
+            f"wakeful, {args.messages:,} entities x 1 msg",
+            summary["single_msgs_per_s"],
+            summary["single_handler_calls_per_s"],
+        )
+    print(
+        f"  ratio wakeful/raw (msgs/s), {args.entities:,} entities: {summary['ratio']:.3f}   "
+        f"target >= 0.3: {'PASS' if ratio_ok else 'FAIL'}"
+    )
+    if args.single:
+        print(f"  ratio wakeful/raw, one message per wake: {summary['single_ratio']:.3f}")
+    print(
+        "  (a wake runs the handler once with all of the entity's unprocessed messages, so on a\n"
+        "   backlog one handler call covers several messages; the raw loop has one call per\n"
+        "   message. The 'x 1 msg' row sends each message to its own entity: every message is a\n"
+        "   cold wake of its own, the worker's real per-wake cost)"
+    )
+    print(
+        f"  wakeful, {args.entities:,} entities: {summary['wakeful_activations']:,.0f} activations "
+        "(wakes); those beyond the handler calls only\n"
+        "   acknowledged pointers whose message an earlier wake had handled; up to the last\n"
+        f"   commit, before those acks: {fmt(summary['wakeful_committed_msgs_per_s'])} msgs/s"
+    )
+    print(
+        f"  wakeful worker startup (leases) {summary['wakeful_startup_s'] * 1000:.0f} ms, excluded; "
+        f"client preload {fmt(summary['wakeful_preload_sends_per_s'])} sends/s"
+    )
+    if n_lat:
+        print()
+        print(
+            f"latency at a paced {args.rate:,.0f} msg/s for {args.seconds:g} s over "
+            f"{args.entities:,} entities, in ms{median} "
+            f"(achieved: raw {fmt(lat['raw_achieved_rate'])}/s, "
+            f"wakeful {fmt(lat['wakeful_achieved_rate'])}/s)"
+        )
+        print(f"  {'':<36}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}")
+        rows = (
+            ("raw: send -> decoded", "raw_handler"),
+            ("raw: send -> XADD+XACK done", "raw_committed"),
+            ("wakeful: send -> handler start", "wakeful_handler"),
+            ("wakeful: send -> committed", "wakeful_committed"),
+        )
+        for label, key in rows:
+            q = lat[key]
+            print(f"  {label:<36}{q['p50']:>8.2f}{q['p90']:>8.2f}{q['p99']:>8.2f}{q['max']:>8.2f}")
+        print(f"  wakeful p50 <= 1 ms: {'PASS' if p50_ok else 'FAIL'}")
+    print()
+    print(
+        json.dumps(
+            {
+                "machine": machine,
+                "workload": {
+                    "entities": args.entities,
+                    "messages": args.messages,
+                    "partitions": args.partitions,
+                    "rate": args.rate,
+                    "seconds": args.seconds,
+                    "writes": args.writes,
+                    "rounds": args.rounds,
+                },
+                **{k: round(v, 3) for k, v in summary.items()},
+                "latency_ms": lat,
+                "targets": {"ratio_ge_0_3": ratio_ok, "p50_le_1ms": p50_ok},
+                "per_round": rounds,
+            }
+        )
+    )
+    if args.profile_worker:
+        stream = io.StringIO()
+        stats = pstats.Stats(args.profile_worker, stream=stream)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(40)
+        print(stream.getvalue(), file=sys.stderr)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Wakeful wake throughput and latency next to a raw redis-py loop.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    )
+    parser.add_argument("--entities", type=int, default=1000)
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--rate", type=float, default=5000.0, help="latency phase, msgs/s")
+    parser.add_argument("--seconds", type=float, default=5.0, help="latency phase length")
+    parser.add_argument("--rounds", type=int, default=1, help="report medians of this many")
+    parser.add_argument("--writes", action="store_true", help="handler also upserts a row")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 50 entities, 2,000 messages, 1 s"
+    )
+    parser.add_argument(
+        "--profile-worker", metavar="FILE", help="cProfile the worker, write pstats to FILE"
+    )
+    parser.add_argument(
+        "--profile-phase",
+        choices=["throughput", "latency", "single"],
+        default="throughput",
+        help="which phase --profile-worker covers",
+    )
+    parser.add_argument(
+        "--no-single",
+        dest="single",
+        action="store_false",
+        help="skip the one-message-per-entity throughput run",
+    )
+
+    # internal: the consumer processes
+    parser.add_argument(
+        "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS
+    )
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--expect-latency", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.entities, args.messages, args.seconds = 50, 2000, 1.0
+    if min(args.entities, args.messages, args.partitions, args.rounds) < 1 or args.rate <= 0:
+        parser.error("--entities, --messages, --partitions, --rounds and --rate must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.role == "worker":
+            asyncio.run(worker_main(args))
+            return 0
+        if args.role == "raw":
+            asyncio.run(raw_main(args))
+            return 0
+        return asyncio.run(main_async(args))
+    except ResponseError as exc:
+        print(f"bench_wakes: Redis error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
