@@ -1,0 +1,395 @@
+"""The model layer of the agent loop: one request in, one (streamed) response out.
+
+:class:`AnthropicModel` talks to the Messages API through the official SDK;
+:class:`ScriptedModel` replays a script, for tests and the demo. Both speak plain,
+JSON-able dicts (Messages API block shapes), so a turn can be stored in an event
+log and replayed without the SDK's types.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import anthropic
+import anyio
+import httpx2
+import msgspec
+
+from .errors import WakefulError
+
+__all__ = [
+    "AnthropicModel",
+    "Model",
+    "ModelConfigError",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "ScriptedModel",
+    "Usage",
+    "resolve_model",
+]
+
+DEFAULT_MODEL = "claude-sonnet-4-6"
+
+_EPHEMERAL = {"type": "ephemeral"}
+# Status codes the SDK itself retries; still failing after its retries, a later retry may work.
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Error types of an `error` event sent mid-stream, after a 200 (the SDK cannot retry those).
+_RETRYABLE_ERROR_TYPES = frozenset(
+    {"rate_limit_error", "timeout_error", "api_error", "overloaded_error"}
+)
+
+
+class ModelError(WakefulError):
+    """A model call failed. ``retryable`` tells whether calling again could help."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        model: str = "",
+        status_code: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        self.retryable = retryable
+        self.model = model
+        self.status_code = status_code
+        self.error_type = error_type
+        super().__init__(message)
+
+
+class ModelConfigError(WakefulError, ValueError):
+    """A model cannot be built: unknown name, missing API key."""
+
+
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=False):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens
+            + other.cache_creation_input_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_creation_input_tokens
+            + self.cache_read_input_tokens
+        )
+
+
+class ModelRequest(msgspec.Struct, kw_only=True):
+    model: str
+    system: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = []
+    max_tokens: int = 4096
+
+
+class ModelResponse(msgspec.Struct, kw_only=True):
+    content: list[dict[str, Any]]
+    stop_reason: str
+    # A struct default must be a factory: msgspec refuses a shared mutable instance.
+    usage: Usage = msgspec.field(default_factory=Usage)
+    model: str = ""
+
+
+@runtime_checkable
+class Model(Protocol):
+    name: str
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> ModelResponse:
+        """Answer one request; ``on_text`` gets each text delta as it arrives.
+
+        Must be cancellable: cancelling the awaiting task releases the stream and
+        raises ``CancelledError``.
+        """
+        ...
+
+
+class AnthropicModel:
+    """A Claude model behind the Messages API, streamed.
+
+    Retries of 429/5xx/overloaded are the SDK's own (``max_retries``); what still
+    fails becomes a :class:`ModelError`. Each request carries three prompt-cache
+    breakpoints: the system prompt, the last tool and the last message block, so
+    consecutive turns of one conversation read the whole prefix from the cache.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        client: anthropic.AsyncAnthropic | None = None,
+        api_key: str | None = None,
+        max_retries: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        self.name = model
+        if client is None:
+            api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+            if not api_key:
+                raise ModelConfigError(f"ANTHROPIC_API_KEY is not set; needed for model {model!r}")
+            client = anthropic.AsyncAnthropic(
+                api_key=api_key, max_retries=max_retries, timeout=timeout
+            )
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel({self.name!r})"
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> ModelResponse:
+        """Stream one response. ``request.model`` wins over the model's own name if set."""
+        model = request.model or self.name
+        finished = False
+        try:
+            # Leaving the `async with` (also by cancellation) closes the HTTP response.
+            async with self.client.messages.stream(**_stream_params(request, model)) as stream:
+                async for event in stream:
+                    if event.type == "text":
+                        if on_text is not None:
+                            on_text(event.text)
+                    elif event.type == "message_stop":
+                        finished = True
+                if not finished:
+                    raise ModelError(
+                        f"model {model!r} call failed: the response stream ended before message_stop",
+                        retryable=True,
+                        model=model,
+                    )
+                message = await stream.get_final_message()
+        except (anthropic.APIError, httpx2.TransportError) as exc:
+            raise _model_error(model, exc) from exc
+        usage = message.usage
+        return ModelResponse(
+            content=[_block_dict(block) for block in message.content],
+            stop_reason=message.stop_reason or "",
+            usage=Usage(
+                input_tokens=usage.input_tokens or 0,
+                output_tokens=usage.output_tokens or 0,
+                cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+                cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            ),
+            model=message.model,
+        )
+
+
+def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
+    """Messages API params with cache breakpoints, copied where marked.
+
+    The caller's request is never mutated: the agent loop sends the same history
+    again next turn, and breakpoints left behind would pile up past the API's
+    limit of four.
+    """
+    params: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "messages": list(request.messages),
+    }
+    if request.system:
+        params["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
+    if request.tools:
+        tools = list(request.tools)
+        tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+        params["tools"] = tools
+    messages = params["messages"]
+    if messages:
+        last = dict(messages[-1])
+        content = last.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        if content:
+            content = list(content)
+            content[-1] = {**content[-1], "cache_control": _EPHEMERAL}
+            last["content"] = content
+            messages[-1] = last
+    return params
+
+
+def _block_dict(block: Any) -> dict[str, Any]:
+    if block.type == "text":
+        return {"type": "text", "text": block.text}
+    if block.type == "tool_use":
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    return block.model_dump(mode="json", exclude_none=True)
+
+
+def _model_error(model: str, exc: Exception) -> ModelError:
+    if isinstance(exc, anthropic.APIStatusError):
+        status, error_type = exc.status_code, exc.type
+        detail = exc.api_message or exc.message
+        # An `error` event mid-stream arrives after a 200, so only its type tells what failed.
+        where = f"HTTP {status}" if status >= 400 else "error event in the response stream"
+        kind = f" {error_type}" if error_type else ""
+        retryable = (
+            status in _RETRYABLE_STATUS or status >= 500 or error_type in _RETRYABLE_ERROR_TYPES
+        )
+        request_id = f" (request id {exc.request_id})" if exc.request_id else ""
+        return ModelError(
+            f"model {model!r} call failed: {where}{kind}: {detail}{request_id}",
+            retryable=retryable,
+            model=model,
+            status_code=status,
+            error_type=error_type,
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
+        cause, retryable = "the request timed out", True
+    elif isinstance(exc, anthropic.APIConnectionError):
+        cause, retryable = f"connection error: {exc.__cause__ or exc.message}", True
+    elif isinstance(exc, httpx2.TransportError):
+        # The SDK wraps transport errors of the request, not of reading the stream after it.
+        cause, retryable = f"{type(exc).__name__} while reading the response stream: {exc}", True
+    else:
+        cause, retryable = f"{type(exc).__name__}: {exc}", False
+    return ModelError(f"model {model!r} call failed: {cause}", retryable=retryable, model=model)
+
+
+ScriptItem = ModelResponse | str | Callable[[ModelRequest], Any]
+
+
+class ScriptedModel:
+    """Deterministic model for tests and the demo.
+
+    ``script`` is a sequence consumed one item per call, or a callable called on
+    every call. An item is a :class:`ModelResponse`, a str (a text reply that ends
+    the turn), or a callable taking the request and returning either (it may be
+    async, and may raise, e.g. a :class:`ModelError`, to simulate a failed call).
+
+    Tool-use blocks with an empty id get ``toolu_{call}_{i}`` (call counts from 1,
+    ``i`` is the block's position among the response's tool-use blocks), and a
+    response without usage gets a rough estimate, so runs report real numbers.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[ScriptItem] | Callable[[ModelRequest], Any] | ModelResponse | str,
+        *,
+        name: str = "scripted",
+    ) -> None:
+        self.name = name
+        if isinstance(script, ModelResponse | str):
+            script = [script]  # a str is a Sequence too; never replay it char by char
+        self._script = script if callable(script) else list(script)
+        self._next = 0
+        self.requests: list[ModelRequest] = []
+
+    def __repr__(self) -> str:
+        return f"ScriptedModel(name={self.name!r}, calls={len(self.requests)})"
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> ModelResponse:
+        # A snapshot: the agent loop goes on appending to the same message list.
+        self.requests.append(copy.deepcopy(request))
+        call = len(self.requests)
+        if callable(self._script):
+            item: Any = self._script
+        elif self._next < len(self._script):
+            item = self._script[self._next]
+            self._next += 1
+        else:
+            raise ModelError(
+                f"script of model {self.name!r} has no response left for call {call}",
+                retryable=False,
+                model=self.name,
+            )
+        if callable(item):
+            item = item(request)
+        if inspect.isawaitable(item):
+            item = await item
+        response = self._serve(item, request, call)
+        await anyio.sleep(0)
+        for block in response.content:
+            if block.get("type") == "text":
+                for chunk in _chunks(block["text"]):
+                    if on_text is not None:
+                        on_text(chunk)
+                    await anyio.sleep(0)
+        return response
+
+    def _serve(self, item: object, request: ModelRequest, call: int) -> ModelResponse:
+        if isinstance(item, str):
+            item = self.text(item)
+        if not isinstance(item, ModelResponse):
+            raise TypeError(
+                f"script item for call {call} of model {self.name!r} is {type(item).__name__}; "
+                "expected a ModelResponse, a str, or a callable returning one"
+            )
+        content = copy.deepcopy(item.content)
+        tool_uses = [block for block in content if block.get("type") == "tool_use"]
+        for i, block in enumerate(tool_uses):
+            if not block.get("id"):
+                block["id"] = f"toolu_{call}_{i}"
+        usage = item.usage if item.usage.total_tokens else _estimate_usage(request, content)
+        return ModelResponse(
+            content=content,
+            stop_reason=item.stop_reason,
+            usage=copy.copy(usage),
+            model=item.model or self.name,
+        )
+
+    @staticmethod
+    def text(text: str) -> ModelResponse:
+        return ModelResponse(content=[{"type": "text", "text": text}], stop_reason="end_turn")
+
+    @staticmethod
+    def tool_calls(*calls: tuple[str, dict[str, Any]], text: str | None = None) -> ModelResponse:
+        """Tool calls with empty ids; :meth:`complete` assigns them when serving."""
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        content += [
+            {"type": "tool_use", "id": "", "name": name, "input": dict(args)}
+            for name, args in calls
+        ]
+        return ModelResponse(content=content, stop_reason="tool_use")
+
+
+def _chunks(text: str) -> list[str]:
+    """Split on spaces, keeping them, so the chunks join back to ``text``."""
+    parts = text.split(" ")
+    return [chunk for chunk in [p + " " for p in parts[:-1]] + parts[-1:] if chunk]
+
+
+def _estimate_usage(request: ModelRequest, content: list[dict[str, Any]]) -> Usage:
+    size = len(request.system) + len(msgspec.json.encode(request.messages))
+    output = sum(
+        len(block["text"] if block.get("type") == "text" else msgspec.json.encode(block)) // 4 + 1
+        for block in content
+    )
+    return Usage(input_tokens=max(1, size // 4), output_tokens=output)
+
+
+def resolve_model(model: str | Model) -> Model:
+    """A :class:`Model` as is, or a Claude model by name (``claude-...``)."""
+    if isinstance(model, str):
+        if model.startswith("claude-"):
+            return AnthropicModel(model)
+        raise ModelConfigError(
+            f"unknown model {model!r}: expected a Claude model name starting with 'claude-' "
+            f"(e.g. {DEFAULT_MODEL!r}) or a Model instance such as ScriptedModel"
+        )
+    if isinstance(model, Model):
+        return model
+    raise ModelConfigError(
+        f"model {model!r} is neither a model name nor a Model "
+        "(an object with a .name and an async .complete(request, on_text=...))"
+    )
