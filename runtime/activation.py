@@ -19,6 +19,7 @@ delivered twice.
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ from .events import (
     encode_event,
 )
 from .state import Database, EntityState
+
+CURRENT_TOOL_CALL: ContextVar[str | None] = ContextVar("wakeful_tool_call", default=None)
 
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
@@ -80,22 +83,35 @@ class Activation:
         self.inputs = inputs
         self.wake_id = inputs[0].id if inputs else "0-0"
         self.limit = max_event_bytes
-        self._seq = 0
+        self._counters: dict[str, int] = {}
         self._commits = 0
         self._events: list[Event] = []  # run events, in order
         self._effects: list[Effect] = []
 
     # -- keys and ids ------------------------------------------------------------
 
+    def _scope(self) -> tuple[str, int]:
+        """The current key scope and the next number in it.
+
+        Inside a tool call the scope is the ``tool_call_id``: a journaled run
+        replays only the calls that did not finish, so counting across the whole
+        wake would shift; counting within one call does not.
+        """
+        call = CURRENT_TOOL_CALL.get()
+        scope = call if call is not None else self.wake_id
+        n = self._counters.get(scope, 0) + 1
+        self._counters[scope] = n
+        return scope, n
+
     def next_key(self) -> str:
         """Idempotency key of the next effect: stable across replays of this wake."""
-        self._seq += 1
-        return f"{self.url}|{self.wake_id}|{self._seq}"
+        scope, n = self._scope()
+        return f"{self.url}|{scope}|{n}"
 
     def derive_id(self, prefix: str) -> str:
         """A child id that is the same when the wake is replayed (unlike a timestamp)."""
-        self._seq += 1
-        return f"{prefix}-{self.wake_id}-{self._seq}"
+        scope, n = self._scope()
+        return f"{prefix}-{scope}-{n}"
 
     # -- runs --------------------------------------------------------------------
 
@@ -106,17 +122,35 @@ class Activation:
     def record_run(self) -> str:
         """Open a run for this wake unless one is open; return its id."""
         if self.state.system.run is None:
-            self._record(RunStarted(run_id=f"run-{self.wake_id}"))
+            self.record(RunStarted(run_id=f"run-{self.wake_id}"))
         return self.state.system.run  # type: ignore[return-value]
 
     def finish_run(
-        self, status: str, *, response: str | None = None, error: str | None = None
+        self,
+        status: str,
+        *,
+        response: str | None = None,
+        error: str | None = None,
+        usage: dict[str, int] | None = None,
+        steps: int = 0,
+        tool_calls: int = 0,
     ) -> str:
         run_id = self.record_run()
-        self._record(RunFinished(run_id=run_id, status=status, response=response, error=error))  # type: ignore[arg-type]
+        self.record(
+            RunFinished(
+                run_id=run_id,
+                status=status,  # type: ignore[arg-type]
+                response=response,
+                error=error,
+                usage=usage,
+                steps=steps,
+                tool_calls=tool_calls,
+            )
+        )
         return run_id
 
-    def _record(self, event: Event) -> None:
+    def record(self, event: Event) -> None:
+        """Apply an output event to the state now; it is committed at the next commit point."""
         self.state.system.apply(event)
         self._events.append(event)
 

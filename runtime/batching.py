@@ -28,7 +28,8 @@ class AutoPipeline:
         self._draining = False
 
     async def execute(self, stage: Stage) -> Any:
-        """Queue one command (``stage`` adds it to a pipeline) and return its reply."""
+        """Queue the commands ``stage`` adds to a pipeline; return the reply (a list of
+        replies if it added several). The first error among them is raised."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((stage, future))
         if not self._draining:
@@ -49,9 +50,12 @@ class AutoPipeline:
     async def _send(self, batch: list[tuple[Stage, asyncio.Future[Any]]]) -> None:
         try:
             pipe = self._redis.pipeline(transaction=False)
+            spans: list[tuple[int, int]] = []
             for stage, _ in batch:
+                start = len(pipe.command_stack)
                 stage(pipe)
-            replies = await pipe.execute(raise_on_error=False)
+                spans.append((start, len(pipe.command_stack)))
+            flat = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # connection errors fail every caller of the batch
             for _, future in batch:
                 if not future.done():
@@ -59,12 +63,14 @@ class AutoPipeline:
             if not isinstance(exc, Exception):
                 raise
         else:
-            for (_, future), reply in zip(batch, replies, strict=True):
+            for (_, future), (start, end) in zip(batch, spans, strict=True):
                 if future.done():
                     continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
+                replies = flat[start:end]
+                error = next((r for r in replies if isinstance(r, Exception)), None)
+                if error is not None:
+                    future.set_exception(error)
                 else:
-                    future.set_result(reply)
+                    future.set_result(replies[0] if end - start == 1 else replies)
         finally:
             self._slots.release()

@@ -127,7 +127,7 @@ class Runtime:
         """Sending to an unregistered type fails at the sender."""
         if type_name in self.registry:
             return
-        if self._published_types is None or type_name.encode() not in self._published_types:
+        if self._published_types is None or type_name not in self._published_types:
             raw = await self._store.redis.hgetall(self._store.keys.types)
             self._published_types = {k.decode(): v for k, v in raw.items()}
         if type_name not in self._published_types:
@@ -218,7 +218,10 @@ class Runtime:
     async def cancel(self, url: str, reason: str = "cancelled by client") -> str:
         """Cancel the entity's current run (it finishes as cancelled, subscribers are
         woken) and its children whose parent-close policy is ``cancel``."""
-        return await self._append_existing(url, CancelRequested(reason=reason, by="client"))
+        event_id = await self._append_existing(url, CancelRequested(reason=reason, by="client"))
+        # Stop the run now if a worker is running it; the input covers every other case.
+        await self._store.redis.publish(self._store.keys.cancel_channel(url), reason)
+        return event_id
 
     async def delete(self, url: str, *, wait: bool = True, timeout: float = 30.0) -> None:
         """Delete the entity: its run is cancelled, children handled per their
@@ -317,8 +320,15 @@ class Runtime:
             if loaded.snapshot
             else EntityState(collections)
         )
+        cursor = (loaded.meta.get("cursor") or b"0-0").decode()
         for entry_id, fields in loaded.entries:
-            state.fold(entry_id, decode_entry(entry_id, fields, url).event)
+            try:
+                event = decode_entry(entry_id, fields, url).event
+            except EventDecodeError:
+                if id_gt(entry_id, cursor):
+                    raise
+                continue  # at or before the cursor: skipped by an operator, as the worker does
+            state.fold(entry_id, event)
         return state
 
     async def events(

@@ -30,6 +30,9 @@ from .urls import entity_url, parse_url
 
 if TYPE_CHECKING:
     from .activation import Activation
+    from .agent import Agent, AgentTool
+    from .live import LivePublisher
+    from .models import Model
     from .registry import EntityType
 
 _NO_MESSAGE: Any = object()
@@ -56,19 +59,27 @@ class Wake:
 
 
 class CancelSignal:
-    """Set when the wake must stop: the worker lost the partition or is shutting down."""
+    """Set when the wake must stop.
+
+    ``kind`` says why: ``"cancel"`` (a client cancelled the run: finish it as
+    cancelled), ``"lease"`` (the worker lost the partition) or ``"shutdown"``
+    (the worker is stopping). For the last two the wake's work is not lost: it
+    resumes on the next owner.
+    """
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self.reason: str | None = None
+        self.kind: Literal["cancel", "lease", "shutdown"] | None = None
 
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, kind: Literal["cancel", "lease", "shutdown"] = "cancel") -> None:
         if not self._event.is_set():
             self.reason = reason
+            self.kind = kind
             self._event.set()
 
     async def wait(self) -> str | None:
@@ -183,6 +194,7 @@ class HandlerContext:
         flush: Callable[[], Awaitable[None]],
         activation: Activation,
         services: Services,
+        live: LivePublisher,
     ) -> None:
         self.entity_url = entity_url
         self.entity_type = entity_type
@@ -198,6 +210,42 @@ class HandlerContext:
         self._flush = flush
         self._activation = activation
         self._services = services
+        self._live = live
+        self._agent: Agent | None = None
+
+    # -- the agent loop ------------------------------------------------------------
+
+    def use_agent(
+        self,
+        system_prompt: str,
+        model: str | Model,
+        tools: list[AgentTool] | None = None,
+        **options: Any,
+    ) -> Agent:
+        """Set up the agent loop for this wake; run it with ``await ctx.agent.run()``.
+
+        ``model`` is a ``claude-*`` name (the Anthropic API; ``ANTHROPIC_API_KEY``
+        must be set, checked here) or a :class:`Model` such as ``ScriptedModel``.
+        Options: ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
+        ``tool_concurrency``.
+        """
+        from .agent import Agent
+
+        self._agent = Agent(self, system_prompt=system_prompt, model=model, tools=tools, **options)
+        return self._agent
+
+    @property
+    def agent(self) -> Agent:
+        if self._agent is None:
+            raise RuntimeError("call ctx.use_agent(...) before using ctx.agent")
+        return self._agent
+
+    @property
+    def runtime_tools(self) -> list[AgentTool]:
+        """The runtime's own tools: send a message, dispatch a child agent, schedule a message."""
+        from .runtime_tools import runtime_tools
+
+        return runtime_tools(self)
 
     async def flush(self) -> None:
         """A commit point: make writes and effects so far durable, and deliver the effects."""

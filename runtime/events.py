@@ -216,6 +216,62 @@ class RunFinished(Event, tag="run_finished"):
     status: Literal["completed", "failed", "cancelled"]
     response: str | None = None
     error: str | None = None
+    usage: dict[str, int] | None = None
+    steps: int = 0
+    tool_calls: int = 0
+
+
+# --- the agent loop's journal (outputs; they make up the conversation) -------
+
+
+class UserTurn(Event, tag="user_turn"):
+    """Inputs taken into a run, rendered as user content; ``sources`` are their ids."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    content: list[dict[str, Any]]
+    sources: list[str] = []
+
+
+class AssistantStep(Event, tag="assistant_step"):
+    """One model response, journaled before any of its tool calls runs."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    step: int
+    content: list[dict[str, Any]]
+    stop_reason: str
+    usage: dict[str, int] = {}
+    model: str = ""
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    input: Any = None
+
+
+class ToolIntent(Event, tag="tool_intent"):
+    """Tool calls about to run. A call with an intent and no result is in doubt."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    calls: list[ToolCall]
+
+
+class ToolOutcome(Event, tag="tool_result"):
+    """The result of one tool call, as the model will see it (``details`` is for clients)."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    tool_call_id: str
+    name: str
+    content: list[dict[str, Any]]
+    is_error: bool = False
+    details: Any = None
+
+
+HistoryEvent = UserTurn | AssistantStep | ToolIntent | ToolOutcome
 
 
 AnyEvent = (
@@ -233,6 +289,10 @@ AnyEvent = (
     | TimerFired
     | RunStarted
     | RunFinished
+    | UserTurn
+    | AssistantStep
+    | ToolIntent
+    | ToolOutcome
     | HandlerFailed
     | EntityFailed
 )
@@ -280,8 +340,12 @@ def decode_entry(stream_id: str, fields: dict[bytes, bytes], url: str) -> LogRec
     return LogRecord(stream_id, decode_event(data, stream_id=stream_id, url=url))
 
 
+_canonical_encoder = msgspec.msgpack.Encoder(order="sorted")
+
+
 def pack(value: Any) -> bytes:
-    return _encoder.encode(value)
+    """Canonical encoding (map keys sorted): equal args always compare equal as bytes."""
+    return _canonical_encoder.encode(value)
 
 
 def unpack(data: bytes) -> Any:

@@ -11,6 +11,8 @@ key                                         what
 ``<prefix>:{pN}:log:<url>``                 entity log (stream), the source of truth
 ``<prefix>:{pN}:meta:<url>``                entity metadata (hash)
 ``<prefix>:{pN}:snap:<url>``                latest state snapshot (msgpack string)
+``<prefix>:{pN}:live:<url>``                live output: text deltas, tool progress
+                                            (capped stream)
 ``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL)
 ``<prefix>:{pN}:inbox``                     wake pointers of the partition (stream +
                                             consumer group ``workers``)
@@ -51,6 +53,12 @@ class Keyspace:
 
     def meta(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:meta:{url}"
+
+    def live(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:live:{url}"
+
+    def cancel_channel(self, url: str) -> str:
+        return f"{self.prefix}:cancel:{url}"
 
     def snap(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:snap:{url}"

@@ -23,7 +23,9 @@ from .errors import (
     UnknownCollectionError,
 )
 from .events import (
+    AssistantStep,
     ChildRunFinished,
+    HistoryEvent,
     Op,
     Outbox,
     RunFinished,
@@ -32,6 +34,9 @@ from .events import (
     Subscribed,
     Subscription,
     TimerFired,
+    ToolIntent,
+    ToolOutcome,
+    UserTurn,
 )
 from .registry import Collection
 from .streamids import ZERO, id_gt
@@ -71,6 +76,7 @@ class SystemState(msgspec.Struct, kw_only=True):
     subs: dict[str, Subscription] = {}
     children: dict[str, ChildInfo] = {}
     run: str | None = None  # the open run
+    history: list[HistoryEvent] = []  # the agent conversation, in journal order
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -97,6 +103,8 @@ class SystemState(msgspec.Struct, kw_only=True):
                 child.run_id = event.run_id
                 child.response = event.response
                 child.error = event.error
+        elif isinstance(event, UserTurn | AssistantStep | ToolIntent | ToolOutcome):
+            self.history.append(event)
         elif isinstance(event, RunStarted):
             self.run = event.run_id
         elif isinstance(event, RunFinished) and self.run == event.run_id:

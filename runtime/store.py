@@ -201,6 +201,22 @@ class Store:
         reply = await self.redis.xread({self.keys.log(url): after}, count=count, block=block_ms)
         return _entries(reply[0][1]) if reply else []
 
+    async def append_live(self, url: str, events: list[bytes], maxlen: int = 1000) -> None:
+        key = self.keys.live(url)
+
+        def stage(pipe: Any) -> None:
+            for data in events:
+                pipe.xadd(key, {"e": data}, maxlen=maxlen, approximate=True)
+
+        await self.batch.execute(stage)
+
+    async def read_streams(
+        self, positions: dict[str, str], block_ms: int | None, count: int = 1000
+    ) -> dict[str, list[Entry]]:
+        """XREAD several streams (keys of one partition) from their positions."""
+        reply = await self.redis.xread(positions, count=count, block=block_ms)
+        return {_s(key): _entries(entries) for key, entries in (reply or [])}
+
     async def meta(self, url: str) -> dict[str, bytes]:
         raw = await self.redis.hgetall(self.keys.meta(url))
         return {_s(f): v for f, v in raw.items()}

@@ -40,6 +40,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .activation import INPUT, OUTBOX, PLAIN, Activation, CommitBatch
+from .agent import WakeInterrupted
 from .config import Settings
 from .context import CancelSignal, HandlerContext, WakeInfo
 from .errors import (
@@ -69,6 +70,7 @@ from .events import (
     pack,
     unpack,
 )
+from .live import LivePublisher
 from .registry import EntityType, Registry
 from .state import Database, EntityState
 from .status import EntityStatus, status_from_meta
@@ -192,11 +194,12 @@ class Worker:
         lease_task = asyncio.create_task(self._lease_loop(), name="wakeful-leases")
         read_task = asyncio.create_task(self._read_loop(), name="wakeful-read")
         timer_task = asyncio.create_task(self._timer_loop(), name="wakeful-timers")
-        self._tasks = [lease_task, read_task, timer_task]
+        cancel_task = asyncio.create_task(self._cancel_loop(), name="wakeful-cancels")
+        self._tasks = [lease_task, read_task, timer_task, cancel_task]
         try:
             await self._stopping.wait()
         finally:
-            for task in (read_task, timer_task):
+            for task in (read_task, timer_task, cancel_task):
                 await self._reap(task)
             if not self._killed:
                 await self._drain(self.settings.shutdown_grace_s)
@@ -222,7 +225,7 @@ class Worker:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace)
         for runner in list(self._runners.values()):
-            runner.signal.cancel("worker shutting down")
+            runner.signal.cancel("worker shutting down", kind="shutdown")
         for task in pending:
             task.cancel()
         if pending:
@@ -312,7 +315,7 @@ class Worker:
         self._tracked.pop(partition, None)
         for runner in self._runners.values():
             if runner.partition == partition:
-                runner.signal.cancel(reason)
+                runner.signal.cancel(reason, kind="lease")
                 runner.entries.clear()
         self._leases_changed.set()
 
@@ -456,7 +459,12 @@ class Worker:
 
         if meta.get("status") == b"failed" or not (inputs or undecodable):
             # Parked, or every input was already handled by an earlier wake.
-            self._remember(url, state, pos, created, since)
+            if meta.get("status") == b"failed":
+                # Not cached: the warm position would pass the unhandled inputs, and the
+                # wake after a resume must read them again.
+                self._cache.pop(url, None)
+            else:
+                self._remember(url, state, pos, created, since)
             await self.store.commit(url, token, acks=entries, created=created)
             self._untrack(partition, entries)
             return
@@ -542,12 +550,17 @@ class Worker:
         async def flush() -> None:
             batch = act.take_commit()
             if batch:
+                self._fault("flush:before-commit")
                 ids = await self.store.commit(
                     url, token, events=batch.events, created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                 )
                 _note_applied(state, batch.events, ids)
+                self._fault("flush:after-commit")
                 await self._deliver_after_commit(url, token, created, batch, ids)
+
+        runner.signal = signal = CancelSignal()
+        live = LivePublisher(self.store.append_live, url)
 
         parsed = parse_url(url)
         raw_args = meta.get("args")
@@ -559,10 +572,11 @@ class Worker:
             wake=WakeInfo(inputs),
             first_wake=_text(meta, "cursor") == ZERO,
             db=act.db,
-            signal=runner.signal,
+            signal=signal,
             flush=flush,
             activation=act,
             services=self,
+            live=live,
         )
         self.stats["handler_calls"] += 1
         try:
@@ -571,11 +585,18 @@ class Worker:
         except (FencedError, *_TRANSIENT):
             self._cache.pop(url, None)
             raise
+        except WakeInterrupted as exc:  # lease lost or shutting down: resume elsewhere
+            log.info("wake of %s interrupted: %s", url, exc)
+            self._cache.pop(url, None)
+            self._untrack(partition, entries)
+            return
         except Exception as exc:
             self._cache.pop(url, None)  # the in-memory state holds writes that never committed
             state.system.run = open_run
             await self._handler_failed(url, token, entries, created, inputs, attempts, exc, act)
             return
+        finally:
+            await live.aclose()
 
         since += len(batch.events)
         snapshot = b""
@@ -831,6 +852,33 @@ class Worker:
                 log.warning("worker %s: timer check failed: %s", self.id, exc)
             await asyncio.sleep(max(delay, 0.005))
 
+    # -- cancellation of running wakes ---------------------------------------------
+
+    async def _cancel_loop(self) -> None:
+        """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.
+
+        The cancel request is also an input in the entity's log, so a wake that
+        starts later (or on another worker) still sees it."""
+        prefix = self.store.keys.cancel_channel("")
+        while True:
+            pubsub = self.store.redis.pubsub()
+            try:
+                await pubsub.psubscribe(prefix + "*")
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is None or message.get("type") != "pmessage":
+                        continue
+                    url = _decode(message["channel"])[len(prefix) :]
+                    runner = self._runners.get(url)
+                    if runner is not None:
+                        runner.signal.cancel(_decode(message["data"]) or "cancelled", kind="cancel")
+            except _TRANSIENT as exc:
+                log.warning("worker %s: cancel listener reconnecting: %s", self.id, exc)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
     # -- services for handler contexts ---------------------------------------------
 
     async def entity_type(self, type_name: str) -> EntityType | None:
@@ -863,6 +911,10 @@ def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list
     for (flag, _), event_id in zip(events, ids, strict=True):
         if flag != INPUT:
             state.applied = event_id
+
+
+def _decode(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _text(meta: dict[str, bytes], field: str) -> str:

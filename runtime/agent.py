@@ -1,0 +1,441 @@
+"""The agent loop: ``ctx.use_agent(...)`` and ``await ctx.agent.run()``.
+
+A run alternates model steps and tool calls until the model ends its turn.
+Everything is journaled in the entity log and committed as it happens:
+
+1. new inputs of the wake (messages, children's results, ...) become a
+   ``user_turn``;
+2. each model response is an ``assistant_step``, committed before any of its
+   tool calls runs;
+3. the step's tool calls get a ``tool_intent`` (committed) before ``execute``
+   and a ``tool_result`` (committed) after.
+
+If the worker dies, the next one replays the handler and ``run()`` resumes from
+the journal: journaled steps are not sent to the model again, settled calls
+are not executed again, and a call with an intent but no result is *in doubt*:
+it is run again with the same ``tool_call_id`` (its idempotency key) unless the
+tool says it must not be (``rerun_when_in_doubt=False``), in which case the model
+gets an error result saying the call was interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from .activation import CURRENT_TOOL_CALL
+from .events import (
+    AssistantStep,
+    Changed,
+    ChildRunFinished,
+    DeliveryFailed,
+    LogRecord,
+    Message,
+    ToolCall,
+    ToolIntent,
+    ToolOutcome,
+    UserTurn,
+)
+from .history import project, tool_uses
+from .models import Model, ModelError, ModelRequest, ModelResponse, Usage, resolve_model
+
+if TYPE_CHECKING:
+    from .context import CancelSignal, HandlerContext
+
+Content = str | list[dict[str, Any]]
+OnUpdate = Callable[[Any], None]
+
+
+class WakeInterrupted(Exception):
+    """The wake must stop without committing (lease lost, worker shutting down).
+
+    The worker leaves the inputs unacknowledged; the run resumes elsewhere."""
+
+
+@dataclass
+class ToolResult:
+    """What a tool returns: ``content`` for the model, ``details`` for clients."""
+
+    content: Content
+    details: Any = None
+    is_error: bool = False
+
+
+@dataclass
+class AgentTool:
+    """A tool the model can call.
+
+    ``parameters`` is a msgspec Struct type (its JSON Schema is sent to the
+    model, and arguments are validated and converted before ``execute``) or a
+    JSON Schema dict (arguments are passed as a dict). ``execute`` receives
+    ``(tool_call_id, params, signal, on_update)``; ``tool_call_id`` is stable
+    across resumes, so a tool can use it as an idempotency key.
+    """
+
+    name: str
+    description: str
+    parameters: type | dict[str, Any]
+    execute: Callable[[str, Any, CancelSignal, OnUpdate], Awaitable[ToolResult | Content]]
+    label: str = ""
+    rerun_when_in_doubt: bool = True
+
+    def input_schema(self) -> dict[str, Any]:
+        if isinstance(self.parameters, dict):
+            return self.parameters
+        return struct_schema(self.parameters)
+
+    def parse(self, raw: Any) -> Any:
+        """Validated arguments; raises ValueError with a message for the model."""
+        if isinstance(self.parameters, dict):
+            if not isinstance(raw, dict):
+                raise ValueError(f"arguments must be a JSON object, got {type(raw).__name__}")
+            return raw
+        try:
+            return msgspec.convert(raw, self.parameters)
+        except msgspec.ValidationError as exc:
+            raise ValueError(str(exc)) from None
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema()}
+
+
+def struct_schema(struct: type) -> dict[str, Any]:
+    """JSON Schema of a Struct with the top level inlined (the API wants ``type: object``)."""
+    schema = msgspec.json.schema(struct)
+    ref = schema.pop("$ref", None)
+    if ref is None:
+        return schema
+    defs = schema.pop("$defs", {})
+    top = dict(defs.pop(ref.rsplit("/", 1)[-1]))
+    if defs:
+        top["$defs"] = defs
+    return top
+
+
+@dataclass
+class RunResult:
+    run_id: str | None
+    status: Literal["completed", "failed", "cancelled", "idle"]
+    response: str | None = None
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    steps: int = 0
+    tool_calls: int = 0
+    stop_reason: str | None = None
+
+
+class _Stopped(Exception):
+    """The signal fired while the run was waiting."""
+
+
+def _text_blocks(content: Content) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content or "(empty)"}]
+    return [dict(b) for b in content] or [{"type": "text", "text": "(empty)"}]
+
+
+def render_input(record: LogRecord) -> list[dict[str, Any]]:
+    """How an input appears to the model: messages as text, results of children as notes."""
+    event = record.event
+    if isinstance(event, Message):
+        payload = event.payload
+        if isinstance(payload, str):
+            text = payload
+        elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
+            text = payload["text"]
+        else:
+            text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
+        if event.sender:
+            text = f"[message from {event.sender}]\n{text}"
+        return [{"type": "text", "text": text or "(empty message)"}]
+    if isinstance(event, ChildRunFinished):
+        if event.status == "completed":
+            body = event.response if event.response is not None else "(no response included)"
+            note = f"[{event.child} finished its run]\n{body}"
+        else:
+            note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
+        return [{"type": "text", "text": note}]
+    if isinstance(event, Changed):
+        return [{"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}]
+    if isinstance(event, DeliveryFailed):
+        return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
+    return []
+
+
+class Agent:
+    """The agent of one wake. Create it with ``ctx.use_agent``; call ``run()``."""
+
+    def __init__(
+        self,
+        ctx: HandlerContext,
+        *,
+        system_prompt: str,
+        model: str | Model,
+        tools: list[AgentTool] | None = None,
+        max_steps: int = 25,
+        max_run_tokens: int | None = None,
+        max_output_tokens: int = 4096,
+        tool_concurrency: int = 8,
+    ) -> None:
+        self.ctx = ctx
+        self.system_prompt = system_prompt
+        self.model = resolve_model(model)
+        self.tools: dict[str, AgentTool] = {}
+        for tool in tools or []:
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+            self.tools[tool.name] = tool
+        self.max_steps = max_steps
+        self.max_run_tokens = max_run_tokens
+        self.max_output_tokens = max_output_tokens
+        self._tool_slots = asyncio.Semaphore(tool_concurrency)
+        self._commit_lock = asyncio.Lock()
+
+    # -- journal helpers -----------------------------------------------------------
+
+    @property
+    def _system(self) -> Any:
+        return self.ctx._activation.state.system
+
+    def _run_history(self, run_id: str) -> list[Any]:
+        return [e for e in self._system.history if e.run_id == run_id]
+
+    async def _journal(self, event: Any) -> None:
+        """Record a journal event and commit it (one commit point per journaled step)."""
+        self.ctx._activation.record(event)
+        async with self._commit_lock:
+            await self.ctx.flush()
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        run_id = await self._take_inputs()
+        if run_id is None:
+            return RunResult(run_id=None, status="idle")
+        try:
+            return await self._loop(run_id)
+        except _Stopped:
+            return await self._stopped(run_id)
+
+    async def _take_inputs(self) -> str | None:
+        """Journal the wake's new inputs as a user turn; return the open run, if any."""
+        act = self.ctx._activation
+        taken = {s for e in self._system.history if isinstance(e, UserTurn) for s in e.sources}
+        fresh = [r for r in self.ctx.wake.events if r.id not in taken and render_input(r)]
+        if fresh:
+            run_id = act.record_run()
+            content = [block for record in fresh for block in render_input(record)]
+            await self._journal(UserTurn(run_id=run_id, content=content, sources=[r.id for r in fresh]))
+        return act.current_run
+
+    async def _loop(self, run_id: str) -> RunResult:
+        while True:
+            self._check_signal()
+            history = self._run_history(run_id)
+            steps = [e for e in history if isinstance(e, AssistantStep)]
+            usage = sum((Usage(**s.usage) for s in steps), Usage())
+            last = steps[-1] if steps else None
+            if last is not None and not self._settled(last, run_id):
+                await self._run_tools(run_id, last, history)
+                continue
+            if isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content):
+                return await self._finish(run_id, "completed", last, usage, len(steps))
+            if len(steps) >= self.max_steps:
+                return await self._finish(
+                    run_id, "failed", last, usage, len(steps),
+                    error=f"the run reached its limit of {self.max_steps} model steps",
+                )
+            if self.max_run_tokens is not None and usage.total_tokens >= self.max_run_tokens:
+                return await self._finish(
+                    run_id, "failed", last, usage, len(steps),
+                    error=f"the run used {usage.total_tokens} tokens, over its limit of "
+                    f"{self.max_run_tokens}",
+                )
+            try:
+                response = await self._step()
+            except _RunFailed as exc:
+                return await self._finish(run_id, "failed", last, usage, len(steps), error=str(exc))
+            await self._journal(
+                AssistantStep(
+                    run_id=run_id,
+                    step=len(steps) + 1,
+                    content=response.content,
+                    stop_reason=response.stop_reason,
+                    usage=msgspec.structs.asdict(response.usage),
+                    model=response.model or self.model.name,
+                )
+            )
+
+    def _settled(self, step: AssistantStep, run_id: str) -> bool:
+        done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
+        return all(b["id"] in done for b in tool_uses(step.content))
+
+    async def _step(self) -> ModelResponse:
+        request = ModelRequest(
+            model=self.model.name,
+            system=self.system_prompt,
+            messages=project(self._system.history),
+            tools=[tool.spec() for tool in self.tools.values()],
+            max_tokens=self.max_output_tokens,
+        )
+        live = self.ctx._live
+        try:
+            return await self._race(self.model.complete(request, on_text=live.text))
+        except ModelError as exc:
+            if exc.retryable:
+                raise  # the wake is retried with backoff and resumes from the journal
+            raise _RunFailed(str(exc)) from exc
+        finally:
+            live.flush()
+
+    async def _run_tools(self, run_id: str, step: AssistantStep, history: list[Any]) -> None:
+        """Settle every call of ``step``: run it, or give the model an error result."""
+        outcomes = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
+        intents = {c.id for e in history if isinstance(e, ToolIntent) for c in e.calls}
+        to_run: list[tuple[dict[str, Any], AgentTool, Any]] = []
+        for call in tool_uses(step.content):
+            call_id, name = call["id"], call["name"]
+            if call_id in outcomes:
+                continue
+            tool = self.tools.get(name)
+            if tool is None:
+                known = ", ".join(sorted(self.tools)) or "none"
+                await self._outcome(run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}.", True)
+                continue
+            if call_id in intents and not tool.rerun_when_in_doubt:
+                await self._outcome(
+                    run_id, call_id, name,
+                    "This call was interrupted (the worker stopped while it ran) and the tool "
+                    "must not be run twice, so it was not retried. Its effect is unknown.",
+                    True,
+                )
+                continue
+            try:
+                params = tool.parse(call.get("input"))
+            except ValueError as exc:
+                await self._outcome(run_id, call_id, name, f"Invalid arguments for {name}: {exc}", True)
+                continue
+            to_run.append((call, tool, params))
+        if not to_run:
+            return
+        new_intents = [
+            ToolCall(id=c["id"], name=c["name"], input=c.get("input")) for c, _, _ in to_run if c["id"] not in intents
+        ]
+        if new_intents:
+            await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
+        await self._race(asyncio.gather(*(self._execute(run_id, c, t, p) for c, t, p in to_run)))
+
+    async def _execute(self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any) -> None:
+        call_id = call["id"]
+        live = self.ctx._live
+
+        def on_update(update: Any) -> None:
+            live.tool_update(call_id, tool.name, update)
+
+        async with self._tool_slots:
+            scope = CURRENT_TOOL_CALL.set(call_id)
+            try:
+                result = await tool.execute(call_id, params, self.ctx.signal, on_update)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failing tool is reported to the model, not a failed run
+                self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
+                result = ToolResult(f"The tool raised {type(exc).__name__}: {exc}", is_error=True)
+            finally:
+                CURRENT_TOOL_CALL.reset(scope)
+        if not isinstance(result, ToolResult):
+            result = ToolResult(result)
+        await self._outcome(run_id, call_id, tool.name, result.content, result.is_error, result.details)
+
+    async def _outcome(
+        self, run_id: str, call_id: str, name: str, content: Content, is_error: bool, details: Any = None
+    ) -> None:
+        await self._journal(
+            ToolOutcome(
+                run_id=run_id,
+                tool_call_id=call_id,
+                name=name,
+                content=_text_blocks(content),
+                is_error=is_error,
+                details=msgspec.to_builtins(details) if details is not None else None,
+            )
+        )
+
+    # -- ending a run --------------------------------------------------------------
+
+    async def _finish(
+        self,
+        run_id: str,
+        status: Literal["completed", "failed", "cancelled"],
+        last: AssistantStep | None,
+        usage: Usage,
+        steps: int,
+        *,
+        error: str | None = None,
+    ) -> RunResult:
+        response = None
+        if last is not None:
+            response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
+        calls = sum(len(tool_uses(s.content)) for s in self._run_history(run_id) if isinstance(s, AssistantStep))
+        self.ctx._activation.finish_run(
+            status,
+            response=response if status == "completed" else None,
+            error=error,
+            usage=msgspec.structs.asdict(usage),
+            steps=steps,
+            tool_calls=calls,
+        )
+        async with self._commit_lock:
+            await self.ctx.flush()
+        return RunResult(
+            run_id=run_id,
+            status=status,
+            response=response if status == "completed" else None,
+            error=error,
+            usage=usage,
+            steps=steps,
+            tool_calls=calls,
+            stop_reason=last.stop_reason if last is not None else None,
+        )
+
+    async def _stopped(self, run_id: str) -> RunResult:
+        signal = self.ctx.signal
+        if signal.kind != "cancel":
+            raise WakeInterrupted(signal.reason or "interrupted")
+        history = self._run_history(run_id)
+        steps = [e for e in history if isinstance(e, AssistantStep)]
+        usage = sum((Usage(**s.usage) for s in steps), Usage())
+        return await self._finish(
+            run_id, "cancelled", steps[-1] if steps else None, usage, len(steps),
+            error=signal.reason or "cancelled",
+        )
+
+    def _check_signal(self) -> None:
+        if self.ctx.signal.cancelled:
+            raise _Stopped
+
+    async def _race(self, work: Awaitable[Any]) -> Any:
+        """Await ``work`` unless the signal fires first (then cancel it and stop)."""
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(self.ctx.signal.wait())
+        try:
+            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise _Stopped
+
+
+class _RunFailed(Exception):
+    pass

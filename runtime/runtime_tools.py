@@ -1,0 +1,79 @@
+"""The runtime's own tools (``ctx.runtime_tools``): message, dispatch, schedule.
+
+Effects made inside a tool call get idempotency keys and child ids derived
+from the ``tool_call_id`` (see ``Activation.next_key``), so a call that is run
+again after a crash sends nothing twice and spawns no second child.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+
+from .agent import AgentTool, ToolResult
+from .context import CancelSignal, Wake
+from .urls import parse_url
+
+if TYPE_CHECKING:
+    from .context import HandlerContext
+
+
+class SendMessage(msgspec.Struct):
+    url: Annotated[str, msgspec.Meta(description="Entity URL, /<type>/<id>")]
+    text: Annotated[str, msgspec.Meta(description="The message")]
+
+
+class Dispatch(msgspec.Struct):
+    agent: Annotated[str, msgspec.Meta(description="Entity type of the agent to dispatch to")]
+    task: Annotated[str, msgspec.Meta(description="What the agent should do, self-contained")]
+
+
+class ScheduleMessage(msgspec.Struct):
+    url: Annotated[str, msgspec.Meta(description="Entity URL, /<type>/<id>; use your own to set a reminder")]
+    text: str
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
+
+
+def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
+    async def send_message(call_id: str, p: SendMessage, signal: CancelSignal, on_update: Any) -> ToolResult:
+        parse_url(p.url)
+        await ctx.send(p.url, p.text)
+        return ToolResult(f"Message sent to {p.url}.", details={"url": p.url})
+
+    async def dispatch(call_id: str, p: Dispatch, signal: CancelSignal, on_update: Any) -> ToolResult:
+        child = await ctx.spawn(
+            p.agent,
+            ctx.derive_id(p.agent),
+            initial_message=p.task,
+            wake=Wake.run_finished(include_response=True),
+        )
+        return ToolResult(
+            f"Dispatched to {child.entity_url}. It works in the background; you will be "
+            "woken with its result when it finishes. Do not wait for it now.",
+            details={"child": child.entity_url},
+        )
+
+    async def schedule_message(
+        call_id: str, p: ScheduleMessage, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
+        parse_url(p.url)
+        await ctx.send(p.url, p.text, after=p.delay_seconds)
+        return ToolResult(f"Message to {p.url} scheduled in {p.delay_seconds:g} s.")
+
+    return [
+        AgentTool("send_message", "Send a text message to another entity.", SendMessage, send_message),
+        AgentTool(
+            "dispatch",
+            "Hand a task to a new child agent of the given type. Returns at once; you are "
+            "woken with the child's answer when its run finishes.",
+            Dispatch,
+            dispatch,
+        ),
+        AgentTool(
+            "schedule_message",
+            "Send a message later (a durable timer that survives restarts).",
+            ScheduleMessage,
+            schedule_message,
+        ),
+    ]
