@@ -30,7 +30,7 @@ import time
 import traceback
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,18 @@ from .urls import parse_url
 
 log = logging.getLogger("wakeful.worker")
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+async def _wait(awaitable: Awaitable[object], timeout: float) -> None:
+    """Await ``awaitable`` for at most ``timeout`` seconds.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancellation that
+    arrives just as the awaitable completes. ``stop()`` sets the very event the
+    read loop waits on right before cancelling that loop, so shutdown hung.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await awaitable
 
 
 def new_worker_id() -> str:
@@ -209,7 +221,12 @@ class Worker:
             log.info("worker %s stopped", self.id)
 
     async def _reap(self, task: asyncio.Task[None]) -> None:
-        task.cancel()
+        # Cancel until it ends: on Python 3.11 a cancellation can be swallowed by an
+        # asyncio.wait_for inside redis-py (it sends with one when socket_timeout is
+        # set), and a loop that survives its single cancel would hang the shutdown.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
         try:
             await task
         except asyncio.CancelledError:
@@ -335,13 +352,11 @@ class Worker:
             partitions = [p for p, lease in self.leases.items() if not lease.draining and lease.valid()]
             if not partitions:
                 self._leases_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._leases_changed.wait(), s.heartbeat_ms / 1000)
+                await _wait(self._leases_changed.wait(), s.heartbeat_ms / 1000)
                 continue
             if self._backlog() >= max_backlog:
                 self._room.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), 1.0)
+                await _wait(self._room.wait(), 1.0)
                 continue
             try:
                 pointers = await self.store.read_inbox(partitions, self.id, s.read_count, s.block_ms)
@@ -416,8 +431,7 @@ class Worker:
             self._runners.pop(runner.url, None)
 
     async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(runner.signal.wait(), delay)
+        await _wait(runner.signal.wait(), delay)
 
     async def _activate(self, runner: Runner, entries: list[str]) -> None:
         url, partition = runner.url, runner.partition

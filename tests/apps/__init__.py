@@ -1,0 +1,1 @@
+"""Small registries that the crash tests run in real worker subprocesses."""

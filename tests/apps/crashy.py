@@ -1,0 +1,110 @@
+"""A counter entity that makes duplicate application and concurrent wakes detectable.
+
+Run by worker subprocesses as ``tests.apps.crashy:registry``. The handler keeps
+its side effects in a separate Redis (``CRASHY_REDIS_URL``, keys under
+``<WAKEFUL_PREFIX>:crashy:``) so a test can see what happened inside handlers
+that never committed:
+
+* ``starts`` (hash): ``<url> <message id>`` -> how many times a handler started
+  on that message (stream ids are only unique within one entity log);
+* ``calls:<url>``: handler invocations of the entity;
+* ``inflight:<url>``: set with SET NX while a handler of the entity runs; a
+  handler that finds it set increments ``overlaps`` (two wakes at once).
+
+Durable state: ``seen`` holds one row per processed message, keyed by the
+message's event id (a second application raises DuplicateKeyError, which the
+log shows as a ``handler_error``); ``counts`` holds ``total``, incremented once per
+message. Payload fields: ``i`` (any tag), ``sleep`` (seconds, only on the first
+start of that message, so a replay after a crash runs fast), ``fail`` (raise on
+the first ``fail`` starts of that message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from runtime import Collection, HandlerContext, Message, Registry
+
+INFLIGHT_PX = 10_000
+
+
+class Seen(msgspec.Struct):
+    id: str
+    i: Any
+    pid: int
+    starts: int
+
+
+class Count(msgspec.Struct):
+    key: str
+    n: int
+
+
+def side_key(prefix: str, kind: str, url: str = "") -> str:
+    return f"{prefix}:crashy:{kind}:{url}" if url else f"{prefix}:crashy:{kind}"
+
+
+def build_registry(side_redis: Callable[[], Redis], prefix: str) -> Registry:
+    reg = Registry()
+
+    @reg.entity(
+        "counter",
+        description="counts messages, records each message id once",
+        state={
+            "seen": Collection(primary_key="id", row=Seen),
+            "counts": Collection(row=Count),
+        },
+    )
+    async def counter(ctx: HandlerContext) -> None:
+        r = side_redis()
+        url = ctx.entity_url
+        marker = side_key(prefix, "inflight", url)
+        mine = f"{os.getpid()}:{secrets.token_hex(4)}"
+        if not await r.set(marker, mine, nx=True, px=INFLIGHT_PX):
+            await r.incr(side_key(prefix, "overlaps"))
+            await r.rpush(side_key(prefix, "overlap_log"), f"{url} {mine}")
+        await r.incr(side_key(prefix, "calls", url))
+        try:
+            for record in ctx.wake.events:
+                if not isinstance(record.event, Message):
+                    continue
+                payload = record.event.payload if isinstance(record.event.payload, dict) else {}
+                starts = await r.hincrby(side_key(prefix, "starts"), f"{url} {record.id}", 1)
+                if starts <= payload.get("fail", 0):
+                    raise RuntimeError(f"planned failure {starts} of {record.id}")
+                if starts == 1 and payload.get("sleep"):
+                    await asyncio.sleep(payload["sleep"])
+                ctx.db.actions.seen_insert(
+                    row=Seen(id=record.id, i=payload.get("i"), pid=os.getpid(), starts=starts)
+                )
+                if "total" in ctx.db.collections.counts:
+                    ctx.db.actions.counts_update(
+                        key="total", updater=lambda c: setattr(c, "n", c.n + 1)
+                    )
+                else:
+                    ctx.db.actions.counts_insert(row=Count("total", 1))
+        finally:
+            if await r.get(marker) == mine.encode():
+                await r.delete(marker)
+
+    return reg
+
+
+_side: Redis | None = None
+
+
+def _env_redis() -> Redis:
+    global _side
+    if _side is None:
+        _side = Redis.from_url(os.environ["CRASHY_REDIS_URL"])
+    return _side
+
+
+registry = build_registry(_env_redis, os.environ.get("WAKEFUL_PREFIX", "wk"))

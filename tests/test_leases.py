@@ -1,0 +1,178 @@
+"""Partition leases: fencing of stale tokens, and rebalancing between workers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+import runtime.worker as worker_module
+from runtime import FencedError, StateChanged
+from runtime.events import Op, encode_event, pack
+from runtime.worker import rendezvous_owner
+from tests.apps import crashy
+from tests.apps.harness import assert_exactly_once, until, wait_all_idle
+
+pytestmark = pytest.mark.anyio
+PARTITIONS = 4
+
+
+async def inbox_view(store, p: int) -> tuple:
+    """Everything a commit could change on the partition, for before/after comparison."""
+    inbox = store.keys.inbox(p)
+    pending = await store.redis.xpending(inbox, "workers")
+    return (pending["pending"], await store.redis.xlen(inbox))
+
+
+@pytest.mark.parametrize("how", ["expired", "taken_over"])
+async def test_commit_with_a_stale_token_is_fenced_and_changes_nothing(cluster, how):
+    rt = await cluster.runtime(crashy.registry, run_worker=False)  # we play the worker
+    store = rt.store
+    url = "/counter/zombie"
+    p = store.keys.partition(url)
+    await store.ensure_group(p)
+    await rt.send(url, {"i": 1})
+    [pointer] = await store.read_inbox([p], "zombie", 10, 100)
+    old = await store.acquire(p, "zombie", 1000)
+    assert old is not None
+    assert await store.acquire(p, "other", 1000) is None, "a held lease must not be granted"
+
+    # The lease runs out while the zombie is paused (GC, network partition, SIGSTOP...).
+    await store.redis.pexpire(store.keys.lease(p), 1)
+
+    async def gone() -> bool:
+        return await store.lease_owner(p) is None
+
+    await until(gone, 5, "the lease to expire")
+    new = await store.acquire(p, "zombie" if how == "expired" else "heir", 1000)
+    assert new is not None and new != old
+    assert int(new.rsplit(":", 1)[1]) > int(old.rsplit(":", 1)[1]), "epochs must grow"
+
+    meta = await store.meta(url)
+    log_before = await store.read_log(url)
+    inbox_before = await inbox_view(store, p)
+    state = encode_event(StateChanged(ops=[Op("insert", "seen", "k", pack({"key": "k"}))]))
+    commit = {
+        "events": [("e", state)],
+        "cursor": log_before[-1][0],
+        "acks": [pointer.entry_id],
+        "fields": {"attempts": 7},
+        "created": meta["created"].decode(),
+    }
+    with pytest.raises(FencedError):
+        await store.commit(url, old, **commit)
+    assert await store.read_log(url) == log_before
+    assert await store.meta(url) == meta
+    assert await inbox_view(store, p) == inbox_before == (1, 1)
+    assert not await store.renew(p, old, 1000), "a stale token must not renew"
+    assert not await store.release(p, old), "a stale token must not release the new lease"
+    assert await store.lease_owner(p) == new
+
+    # The same commit under the current token goes through: the refusal was the fence.
+    await store.commit(url, new, **commit)
+    assert len(await store.read_log(url)) == len(log_before) + 1
+    assert (await store.meta(url))["cursor"].decode() == log_before[-1][0]
+    assert await inbox_view(store, p) == (0, 1)
+
+
+def split_ids() -> tuple[str, str]:
+    """Two worker ids whose rendezvous split gives each at least one of the partitions."""
+    for n in itertools.count():
+        a, b = f"wa{n}-x", f"wb{n}-x"
+        if {rendezvous_owner(p, [a, b]) for p in range(PARTITIONS)} == {a, b}:
+            return a, b
+    raise AssertionError("unreachable")
+
+
+async def test_leases_rebalance_when_workers_join_and_leave(cluster, prefix, monkeypatch):
+    a_id, b_id = split_ids()
+    ids = iter([a_id, b_id])
+    monkeypatch.setattr(worker_module, "new_worker_id", lambda: next(ids))
+    side = cluster.redis()
+    reg = crashy.build_registry(lambda: side, prefix)
+    sender = await cluster.runtime(reg, run_worker=False)
+    store = sender.store
+
+    async def owners() -> list[str | None]:
+        tokens = [await store.lease_owner(p) for p in range(PARTITIONS)]
+        return [t.rsplit(":", 1)[0] if t else None for t in tokens]
+
+    a = await cluster.runtime(reg)
+    assert a.worker.id == a_id
+
+    async def a_owns_all() -> bool:
+        return await owners() == [a_id] * PARTITIONS
+
+    await until(a_owns_all, 10, "the only worker to own every partition")
+
+    urls = [f"/counter/r{i}" for i in range(8)]
+    sent: dict[str, list[str]] = {u: [] for u in urls}
+    stop = asyncio.Event()
+    double_owned: list[tuple[int, str]] = []
+    runtimes = [a]
+
+    async def keep_sending() -> None:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            url = urls[n % len(urls)]
+            sent[url].append(await sender.send(url, {"i": n}))
+            await asyncio.sleep(0.003)
+
+    async def watch_leases() -> None:
+        """No partition is ever used by two workers at once.
+
+        A worker uses a partition while it holds a valid lease on it, except a
+        lease it is handing back (draining, or the worker is stopping) once no
+        wake of that partition runs any more."""
+        while not stop.is_set():
+            held: dict[int, str] = {}
+            for rt in runtimes:
+                w = rt.worker
+                leaving = w._stopping.is_set()
+                for p, lease in list(w.leases.items()):
+                    if lease.valid() and (not (lease.draining or leaving) or w._busy(p)):
+                        if p in held:
+                            double_owned.append((p, f"{held[p]} and {w.id}"))
+                        held[p] = w.id
+            await asyncio.sleep(0.002)
+
+    tasks = [asyncio.create_task(keep_sending()), asyncio.create_task(watch_leases())]
+    try:
+        await asyncio.sleep(0.2)
+        b = await cluster.runtime(reg)
+        runtimes.append(b)
+        assert b.worker.id == b_id
+        expected = [rendezvous_owner(p, [a_id, b_id]) for p in range(PARTITIONS)]
+
+        async def split() -> bool:
+            return await owners() == expected
+
+        await until(split, 10, f"leases to converge to the split {expected}")
+        mine_a, mine_b = set(a.worker.leases), set(b.worker.leases)
+        assert mine_a and mine_b, "each worker owns part of the partitions"
+        assert not mine_a & mine_b and mine_a | mine_b == set(range(PARTITIONS))
+        await asyncio.sleep(0.2)
+
+        await a.close()  # a leaves gracefully: b takes everything back
+        runtimes.remove(a)
+
+        async def b_owns_all() -> bool:
+            return await owners() == [b_id] * PARTITIONS
+
+        await until(b_owns_all, 10, "the remaining worker to take every partition back")
+        assert set(b.worker.leases) == set(range(PARTITIONS))
+        await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    try:
+        await wait_all_idle(sender, urls, 15)
+        assert sum(map(len, sent.values())) > 50, "messages should flow during the moves"
+        await assert_exactly_once(sender, sent)
+        assert not double_owned, f"a partition had two owners at once: {double_owned[:5]}"
+        overlaps = int(await side.get(crashy.side_key(prefix, "overlaps")) or 0)
+        assert overlaps == 0
+    finally:
+        await side.aclose()
