@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -76,6 +77,14 @@ async def starts(side: Redis, prefix: str, url: str, event_id: str) -> int:
     return int(await side.hget(crashy.side_key(prefix, "starts"), f"{url} {event_id}") or 0)
 
 
+async def delivered(side: Redis, workers: Workers, url: str, last: int) -> bool:
+    """The ``last`` wake pointers of ``url`` were read by a worker (and not acked yet)."""
+    inbox = workers.keys.inbox(workers.keys.partition(url))
+    ids = [i for i, f in await side.xrange(inbox) if f[b"u"] == url.encode()][-last:]
+    pending = await side.xpending_range(inbox, "workers", "-", "+", 10_000)
+    return len(ids) == last and set(ids) <= {p["message_id"] for p in pending}
+
+
 async def all_owned_by(workers: Workers, side: Redis, worker_id: str) -> bool:
     return await workers.owners(side) == [worker_id] * PARTITIONS
 
@@ -92,17 +101,19 @@ async def test_kill9_mid_handler_next_worker_finishes_exactly_once(
     await until(lambda: all_owned_by(workers, side, a.id), 10, "worker A to own every partition")
 
     urls = [f"/counter/k{i}" for i in range(3)]
+    slow_url = urls[0]
     sent: dict[str, list[str]] = {u: [] for u in urls}
     for n in range(5):
         for u in urls:
             sent[u].append(await rt.send(u, {"i": n}))
     await wait_all_idle(rt, urls, 10)
-    slow = await rt.send(urls[0], {"i": "slow", "sleep": 60})
-    sent[urls[0]].append(slow)
+    slow = await rt.send(slow_url, {"i": "slow", "sleep": 60})
+    sent[slow_url].append(slow)
     for n in range(5, 10):  # queued behind the slow one, or for other entities
         for u in urls:
             sent[u].append(await rt.send(u, {"i": n}))
-    await until(lambda: starts(side, prefix, urls[0], slow), 10, "A to start the slow handler")
+    await until(lambda: starts(side, prefix, slow_url, slow), 10, "A to start the slow handler")
+    await until(lambda: delivered(side, workers, slow_url, 6), 10, "A to read every pointer")
 
     if b_starts == "before_kill":
         b = workers.start()
@@ -112,18 +123,18 @@ async def test_kill9_mid_handler_next_worker_finishes_exactly_once(
     if b_starts == "after_kill":
         b = workers.start()
         await workers.registered(side, b)
-    for n in range(10, 15):  # sent while the partition may still be leased by the dead A
-        for u in urls:
+    for n in range(10, 15):  # nothing more for slow_url: only its orphaned pointers wake it
+        for u in urls[1:]:
             sent[u].append(await rt.send(u, {"i": n}))
 
     await wait_all_idle(rt, urls, 15)
     reports = await assert_exactly_once(rt, sent)
     for url, report in reports.items():
         assert not report["failures"], (url, report["failures"])
-    slow_row = reports[urls[0]]["seen"][slow]
+    slow_row = reports[slow_url]["seen"][slow]
     assert slow_row["starts"] == 2, "the slow wake should have been interrupted once, then re-run"
     assert slow_row["pid"] == b.pid, "the interrupted wake must be finished by worker B"
-    assert await starts(side, prefix, urls[0], slow) == 2
+    assert await starts(side, prefix, slow_url, slow) == 2
     pids = {row["pid"] for r in reports.values() for row in r["seen"].values()}
     assert pids == {a.pid, b.pid}, "A's committed work must survive its death"
     await until(lambda: all_owned_by(workers, side, b.id), 10, "B to own every partition")
@@ -264,6 +275,51 @@ async def test_zombie_worker_cannot_commit_and_owner_processes_once(cluster, com
     assert await rt.state(url) == {"seen": [{"id": event_id, "call": 2}]}
     report = await entity_report(rt, url)
     assert report["inserts"] == {event_id: 1}
+
+
+async def test_paused_worker_process_wakes_up_as_a_zombie_and_writes_nothing(
+    workers, rt, side, prefix
+):
+    """SIGSTOP stands in for a long GC pause or a frozen VM: the lease runs out."""
+    a = workers.start()
+    await workers.registered(side, a)
+    await until(lambda: all_owned_by(workers, side, a.id), 10, "worker A to own every partition")
+    url = "/counter/paused"
+    first = await rt.send(url, {"i": 0})
+    await wait_all_idle(rt, [url], 10)
+    slow = await rt.send(url, {"i": 1, "sleep": 1.0})
+    await until(lambda: starts(side, prefix, url, slow), 10, "A to start the slow handler")
+
+    a.popen.send_signal(signal.SIGSTOP)
+    try:
+        b = workers.start()
+        await workers.registered(side, b)
+
+        async def done_by_b() -> bool:
+            seen = {row["id"]: row for row in (await rt.state(url))["seen"]}
+            return slow in seen and seen[slow]["pid"] == b.pid
+
+        await until(done_by_b, 15, "B to take over from the paused A and finish the wake")
+    finally:
+        a.popen.send_signal(signal.SIGCONT)
+
+    # A resumes mid-handler: its sleep is over, it commits with its old lease token.
+    async def a_was_fenced() -> bool:
+        return f"commit for {url} refused" in a.log()
+
+    await until(a_was_fenced, 10, "the resumed A to try its commit and be refused")
+
+    async def a_rejoined() -> bool:
+        live = [m.decode() for m in await side.zrange(workers.keys.workers, 0, -1)]
+        return a.id in live and None not in await workers.owners(side)
+
+    await until(a_rejoined, 10, "A to rejoin the workers")
+    more = [await rt.send(url, {"i": n}) for n in range(2, 6)]
+    await wait_all_idle(rt, [url], 10)
+    report = (await assert_exactly_once(rt, {url: [first, slow, *more]}))[url]
+    assert not report["failures"], report["failures"]
+    assert report["seen"][slow]["pid"] == b.pid
+    assert a.alive(), "the zombie should recover, not crash"
 
 
 # -- 4. single writer ---------------------------------------------------------------
