@@ -1,5 +1,6 @@
 """Wakeful: a durable actor runtime for LLM agents on Redis Streams."""
 
+from .agent import AgentTool, RunResult, ToolResult
 from .client import Runtime
 from .config import Settings
 from .context import CancelSignal, EntityHandle, HandlerContext, Wake, WakeInfo
@@ -26,6 +27,7 @@ from .errors import (
     WakefulError,
 )
 from .events import (
+    AssistantStep,
     CancelRequested,
     Changed,
     ChildRunFinished,
@@ -44,8 +46,14 @@ from .events import (
     StateChanged,
     Subscribed,
     Subscription,
+    ToolCall,
+    ToolIntent,
+    ToolOutcome,
     UndecodableRecord,
+    UserTurn,
 )
+from .live import LiveEvent, LiveRecord
+from .models import AnthropicModel, Model, ModelConfigError, ModelError, ScriptedModel
 from .registry import Collection, EntityType, Registry
 from .state import ChildInfo
 from .status import EntityStatus
@@ -53,7 +61,10 @@ from .urls import EntityUrl, entity_url, parse_url
 from .worker import Worker
 
 __all__ = [
+    "AgentTool",
+    "AnthropicModel",
     "ArgsConflictError",
+    "AssistantStep",
     "CancelRequested",
     "CancelSignal",
     "Changed",
@@ -82,9 +93,14 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidTypeNameError",
     "InvalidUrlError",
+    "LiveEvent",
+    "LiveRecord",
     "LogRecord",
     "Message",
     "MissingKeyError",
+    "Model",
+    "ModelConfigError",
+    "ModelError",
     "Outbox",
     "PayloadTooLargeError",
     "Registry",
@@ -92,15 +108,22 @@ __all__ = [
     "RowValidationError",
     "RunFailedError",
     "RunFinished",
+    "RunResult",
     "RunStarted",
     "Runtime",
+    "ScriptedModel",
     "Settings",
     "StateChanged",
     "Subscribed",
     "Subscription",
+    "ToolCall",
+    "ToolIntent",
+    "ToolOutcome",
+    "ToolResult",
     "UndecodableRecord",
     "UnknownCollectionError",
     "UnknownEntityTypeError",
+    "UserTurn",
     "WaitTimeoutError",
     "Wake",
     "WakeInfo",

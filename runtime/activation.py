@@ -18,8 +18,8 @@ delivered twice.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +38,8 @@ from .events import (
     TimerFired,
     encode_event,
 )
+from .scope import ALL, CURRENT_TOOL_CALL, take
 from .state import Database, EntityState
-
-CURRENT_TOOL_CALL: ContextVar[str | None] = ContextVar("wakeful_tool_call", default=None)
 
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
@@ -85,20 +84,23 @@ class Activation:
         self.limit = max_event_bytes
         self._counters: dict[str, int] = {}
         self._commits = 0
-        self._events: list[Event] = []  # run events, in order
-        self._effects: list[Effect] = []
+        # Buffered until the next commit point, with the tool call that made them.
+        self._events: list[tuple[str | None, Event]] = []
+        self._effects: list[tuple[str | None, Effect]] = []
 
     # -- keys and ids ------------------------------------------------------------
 
     def _scope(self) -> tuple[str, int]:
         """The current key scope and the next number in it.
 
-        Inside a tool call the scope is the ``tool_call_id``: a journaled run
+        Outside tool calls the scope is the wake (its first input id). Inside a
+        tool call it is the wake plus the ``tool_call_id``: a journaled run
         replays only the calls that did not finish, so counting across the whole
-        wake would shift; counting within one call does not.
+        wake would shift; counting within one call does not. (A call id alone is
+        not enough: a scripted model may reuse ids in later runs.)
         """
         call = CURRENT_TOOL_CALL.get()
-        scope = call if call is not None else self.wake_id
+        scope = self.wake_id if call is None else f"{self.wake_id}|{call}"
         n = self._counters.get(scope, 0) + 1
         self._counters[scope] = n
         return scope, n
@@ -109,9 +111,14 @@ class Activation:
         return f"{self.url}|{scope}|{n}"
 
     def derive_id(self, prefix: str) -> str:
-        """A child id that is the same when the wake is replayed (unlike a timestamp)."""
+        """A child id that is the same when the wake is replayed (unlike a timestamp).
+
+        It is ``<prefix>-<16 hex digits>``, a digest of this entity, the wake, the
+        tool call (if any) and the call's position, so two parents never derive
+        the same id."""
         scope, n = self._scope()
-        return f"{prefix}-{scope}-{n}"
+        digest = hashlib.blake2s(f"{self.url}|{scope}|{n}".encode(), digest_size=8).hexdigest()
+        return f"{prefix}-{digest}"
 
     # -- runs --------------------------------------------------------------------
 
@@ -152,7 +159,7 @@ class Activation:
     def record(self, event: Event) -> None:
         """Apply an output event to the state now; it is committed at the next commit point."""
         self.state.system.apply(event)
-        self._events.append(event)
+        self._events.append((CURRENT_TOOL_CALL.get(), event))
 
     # -- effects -----------------------------------------------------------------
 
@@ -161,7 +168,7 @@ class Activation:
         encode_event(
             Outbox(effects=[effect]), limit=self.limit, what=f"{effect.kind} to {effect.target}"
         )
-        self._effects.append(effect)
+        self._effects.append((CURRENT_TOOL_CALL.get(), effect))
         if not effect.due_ms:
             self.state.system.apply(Outbox(effects=[effect]))
         return effect
@@ -183,18 +190,19 @@ class Activation:
 
     # -- commits -----------------------------------------------------------------
 
-    def take_commit(self) -> CommitBatch:
-        """Everything buffered since the last commit point, as events and timers."""
+    def take_commit(self, scope: str | None = ALL) -> CommitBatch:
+        """What is buffered for a commit point: everything (``ALL``, the end of the
+        wake), or the wake's own items plus those of tool call ``scope``."""
         self._commits += 1
         batch = CommitBatch()
-        ops = self.db.actions.take_pending()
+        ops = self.db.actions.take_pending(scope)
         if ops:
             batch.events.append((PLAIN, encode_event(StateChanged(ops=ops), limit=1 << 30)))
-        finished = [e for e in self._events if isinstance(e, RunFinished)]
-        for event in self._events:
+        events = take(self._events, scope)
+        finished = [e for e in events if isinstance(e, RunFinished)]
+        for event in events:
             batch.events.append((PLAIN, encode_event(event, limit=1 << 30)))
-        self._events = []
-        effects, self._effects = self._effects, []
+        effects = take(self._effects, scope)
         effects.extend(self._notifications(finished, {op.collection for op in ops}))
         immediate = [e for e in effects if not e.due_ms]
         if immediate:

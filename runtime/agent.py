@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from .activation import CURRENT_TOOL_CALL
 from .events import (
     AssistantStep,
     Changed,
@@ -43,6 +42,7 @@ from .events import (
 )
 from .history import project, tool_uses
 from .models import Model, ModelError, ModelRequest, ModelResponse, Usage, resolve_model
+from .scope import CURRENT_TOOL_CALL
 
 if TYPE_CHECKING:
     from .context import CancelSignal, HandlerContext
@@ -291,7 +291,7 @@ class Agent:
                 raise  # the wake is retried with backoff and resumes from the journal
             raise _RunFailed(str(exc)) from exc
         finally:
-            live.flush()
+            await live.drain()
 
     async def _run_tools(self, run_id: str, step: AssistantStep, history: list[Any]) -> None:
         """Settle every call of ``step``: run it, or give the model an error result."""
@@ -301,6 +301,13 @@ class Agent:
         for call in tool_uses(step.content):
             call_id, name = call["id"], call["name"]
             if call_id in outcomes:
+                continue
+            if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
+                await self._outcome(
+                    run_id, call_id, name,
+                    "The response hit max_tokens before this call was complete, so it was not run.",
+                    True,
+                )
                 continue
             tool = self.tools.get(name)
             if tool is None:
@@ -337,20 +344,24 @@ class Agent:
         def on_update(update: Any) -> None:
             live.tool_update(call_id, tool.name, update)
 
-        async with self._tool_slots:
-            scope = CURRENT_TOOL_CALL.set(call_id)
-            try:
-                result = await tool.execute(call_id, params, self.ctx.signal, on_update)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a failing tool is reported to the model, not a failed run
-                self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
-                result = ToolResult(f"The tool raised {type(exc).__name__}: {exc}", is_error=True)
-            finally:
-                CURRENT_TOOL_CALL.reset(scope)
-        if not isinstance(result, ToolResult):
-            result = ToolResult(result)
-        await self._outcome(run_id, call_id, tool.name, result.content, result.is_error, result.details)
+        # Everything this call buffers (writes, effects, its result) is committed together,
+        # apart from the other calls running now (see scope.py).
+        scope = CURRENT_TOOL_CALL.set(call_id)
+        try:
+            async with self._tool_slots:
+                try:
+                    result = await tool.execute(call_id, params, self.ctx.signal, on_update)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a failing tool is reported to the model, not a failed run
+                    self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
+                    result = ToolResult(f"The tool raised {type(exc).__name__}: {exc}", is_error=True)
+            if not isinstance(result, ToolResult):
+                result = ToolResult(result)
+            await live.drain()
+            await self._outcome(run_id, call_id, tool.name, result.content, result.is_error, result.details)
+        finally:
+            CURRENT_TOOL_CALL.reset(scope)
 
     async def _outcome(
         self, run_id: str, call_id: str, name: str, content: Content, is_error: bool, details: Any = None

@@ -30,6 +30,7 @@ from .events import (
     Created,
     DeleteRequested,
     EntityFailed,
+    HistoryEvent,
     LogRecord,
     Message,
     Resumed,
@@ -39,7 +40,9 @@ from .events import (
     encode_event,
     pack,
 )
+from .history import project
 from .keys import Keyspace
+from .live import LiveRecord, decode_live
 from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, status_from_meta
@@ -183,10 +186,11 @@ class Runtime:
         parent: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
-        """Create an entity with ``args`` (get-or-create) and optionally send it a first message.
+        """Create an entity with ``args`` (get-or-create) and optionally send it a message.
 
-        Creating an existing entity with the same args returns its url and sends
-        nothing; with different args it raises :class:`ArgsConflictError`.
+        If the entity exists with the same args, ``initial_message`` is delivered
+        to it (use ``idempotency_key`` to make a retried call send it once); with
+        different args it raises :class:`ArgsConflictError` and sends nothing.
         """
         url = entity_url(type_name, entity_id)
         await self._check_type(type_name)
@@ -284,6 +288,14 @@ class Runtime:
 
     # -- reading ---------------------------------------------------------------
 
+    async def history(self, url: str) -> list[HistoryEvent]:
+        """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""
+        return list((await self._folded(url)).system.history)
+
+    async def conversation(self, url: str) -> list[dict[str, Any]]:
+        """The conversation as the model sees it (Messages API messages)."""
+        return project(await self.history(url))
+
     async def children(self, url: str) -> list[ChildInfo]:
         """The entities ``url`` spawned, with the status of their last finished run."""
         return list((await self._folded(url)).system.children.values())
@@ -337,27 +349,47 @@ class Runtime:
         *,
         after: str | None = None,
         follow: bool = False,
+        live: bool = False,
+        live_after: str | None = None,
         block_ms: int = 5000,
-    ) -> AsyncIterator[LogRecord | UndecodableRecord]:
+    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
         """The entity log after ``after``; with ``follow`` it waits for new events forever.
 
-        An entry that fails to decode is yielded as an :class:`UndecodableRecord`
+        With ``live=True`` it also follows the live stream (text deltas and tool
+        progress, as :class:`LiveRecord`), from ``live_after`` or from now; a
+        client that reconnects passes the last ids it saw of each stream. An
+        entry that fails to decode is yielded as an :class:`UndecodableRecord`
         with its stream id, never skipped.
         """
         parse_url(url)
-        position = after or ZERO
+        keys = self._store.keys
+        log_key, live_key = keys.log(url), keys.live(url)
+        positions = {log_key: after or ZERO}
+        if live:
+            positions[live_key] = live_after or await self._live_tail(live_key)
+            follow = True
         while True:
-            entries = await self._store.read_log(url, position)
-            if not entries and follow:
-                entries = await self._store.follow_log(url, position, block_ms)
-            if not entries and not follow:
+            batches = await self._store.read_streams(positions, None)
+            if not batches and follow:
+                batches = await self._store.read_streams(positions, block_ms)
+            if not batches and not follow:
                 return
-            for entry_id, fields in entries:
-                position = entry_id
-                try:
-                    yield decode_entry(entry_id, fields, url)
-                except EventDecodeError as exc:
-                    yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+            # Live output of a message is written before the message is committed:
+            # yield it first when one read returns both.
+            for key in sorted(batches, key=lambda k: k != live_key):
+                for entry_id, fields in batches[key]:
+                    positions[key] = entry_id
+                    if key == live_key:
+                        yield decode_live(entry_id, fields)
+                        continue
+                    try:
+                        yield decode_entry(entry_id, fields, url)
+                    except EventDecodeError as exc:
+                        yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+
+    async def _live_tail(self, key: str) -> str:
+        last = await self._store.redis.xrevrange(key, count=1)
+        return last[0][0].decode() if last else ZERO
 
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
         """Wait until the entity is idle: every input sent so far handled, its effects

@@ -67,10 +67,10 @@ class LivePublisher:
         )
         self._start()
 
-    def flush(self) -> None:
+    async def drain(self) -> None:
+        """Wait until everything published so far is written (called before a commit, so a
+        follower sees the deltas of a message before the message itself)."""
         self._start()
-
-    async def aclose(self) -> None:
         while self._task is not None and not self._task.done():
             await asyncio.gather(self._task, return_exceptions=True)
 

@@ -4,7 +4,8 @@
 # ARGV: url, type, idem_ttl_ms ('' = no dedupe), mode, args, created_event, parent, n,
 #       then n pairs (flag, event): flag 'i' = input (moves last_in), 'e' = other
 # mode: 'send' creates the entity if missing; 'create' is get-or-create with args
-#       (an existing entity gets nothing appended); 'existing' never creates.
+#       (an existing entity with other args is a conflict; with the same args it
+#       gets the events, like 'send'); 'existing' never creates.
 # -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
 #    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
 SEND = """
@@ -18,9 +19,8 @@ if idem_ttl ~= '' then
 end
 local created_id = redis.call('HGET', meta, 'created')
 if created_id then
-  if mode == 'create' then
-    if redis.call('HGET', meta, 'args') ~= args then return {-1, 'args', created_id} end
-    return {0, created_id, created_id}
+  if mode == 'create' and redis.call('HGET', meta, 'args') ~= args then
+    return {-1, 'args', created_id}
   end
 elseif mode == 'existing' then
   return {-2, '', ''}

@@ -39,6 +39,7 @@ from .events import (
     UserTurn,
 )
 from .registry import Collection
+from .scope import ALL, CURRENT_TOOL_CALL, take
 from .streamids import ZERO, id_gt
 
 _encoder = msgspec.msgpack.Encoder()
@@ -266,7 +267,7 @@ class Actions:
         self._decoders = {
             name: msgspec.msgpack.Decoder(spec.row) for name, spec in specs.items() if spec.row
         }
-        self.pending: list[Op] = []
+        self.pending: list[tuple[str | None, Op]] = []  # (tool call, op); see scope.py
 
     def __getattr__(self, attr: str) -> Callable[..., Any]:
         name, _, verb = attr.rpartition("_")
@@ -278,14 +279,15 @@ class Actions:
         method = getattr(self, f"_{verb}")
         return lambda **kwargs: method(name, **kwargs)
 
-    def take_pending(self) -> list[Op]:
-        """The buffered writes, with repeated updates of a row folded into its first write.
+    def take_pending(self, scope: str | None = ALL) -> list[Op]:
+        """The buffered writes of ``scope`` (see scope.py), with repeated updates of a row
+        folded into its first write.
 
         An update never moves a row, so folding it into the earlier insert or
         update of the same row keeps both the values and the row order that a
         fold of the log produces (deletes and inserts are kept as they are).
         """
-        ops, self.pending = self.pending, []
+        ops = take(self.pending, scope)
         out: list[Op] = []
         index: dict[tuple[str, Any], int] = {}
         for op in ops:
@@ -306,7 +308,7 @@ class Actions:
         if key in table:
             raise DuplicateKeyError(collection, key)
         table[key] = data
-        self.pending.append(Op("insert", collection, key, msgspec.Raw(data)))
+        self.pending.append((CURRENT_TOOL_CALL.get(), Op("insert", collection, key, msgspec.Raw(data))))
         return typed
 
     def _update(self, collection: str, *, key: Any, updater: Callable[[Any], Any]) -> Any:
@@ -323,7 +325,7 @@ class Actions:
                 collection, f"an update may not change the primary key ({key!r} -> {new_key!r})"
             )
         table[key] = data
-        self.pending.append(Op("update", collection, key, msgspec.Raw(data)))
+        self.pending.append((CURRENT_TOOL_CALL.get(), Op("update", collection, key, msgspec.Raw(data))))
         return typed
 
     def _delete(self, collection: str, *, key: Any) -> None:
@@ -331,7 +333,7 @@ class Actions:
         if key not in table:
             raise MissingKeyError(collection, key)
         del table[key]
-        self.pending.append(Op("delete", collection, key))
+        self.pending.append((CURRENT_TOOL_CALL.get(), Op("delete", collection, key)))
 
     # -- helpers -------------------------------------------------------------
 

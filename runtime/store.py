@@ -195,12 +195,6 @@ class Store:
         start = f"({after}" if after and after != "0-0" else "-"
         return _entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
 
-    async def follow_log(
-        self, url: str, after: str, block_ms: int, count: int = 1000
-    ) -> list[Entry]:
-        reply = await self.redis.xread({self.keys.log(url): after}, count=count, block=block_ms)
-        return _entries(reply[0][1]) if reply else []
-
     async def append_live(self, url: str, events: list[bytes], maxlen: int = 1000) -> None:
         key = self.keys.live(url)
 

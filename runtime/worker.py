@@ -72,6 +72,7 @@ from .events import (
 )
 from .live import LivePublisher
 from .registry import EntityType, Registry
+from .scope import CURRENT_TOOL_CALL
 from .state import Database, EntityState
 from .status import EntityStatus, status_from_meta
 from .store import EntityGoneError, Loaded, Pointer, Store, TargetMissingError
@@ -562,7 +563,7 @@ class Worker:
             act.cancel_effects(cancel.reason)
 
         async def flush() -> None:
-            batch = act.take_commit()
+            batch = act.take_commit(CURRENT_TOOL_CALL.get())
             if batch:
                 self._fault("flush:before-commit")
                 ids = await self.store.commit(
@@ -610,7 +611,7 @@ class Worker:
             await self._handler_failed(url, token, entries, created, inputs, attempts, exc, act)
             return
         finally:
-            await live.aclose()
+            await live.drain()
 
         since += len(batch.events)
         snapshot = b""

@@ -11,6 +11,7 @@ from runtime import (
     ArgsConflictError,
     Collection,
     HandlerContext,
+    Message,
     Registry,
     RunFinished,
     RunStarted,
@@ -374,3 +375,30 @@ async def _until(check, timeout: float = 10.0) -> None:
     while not await check():
         assert loop.time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+async def test_spawning_an_existing_child_from_another_parent_subscribes_and_delivers(cluster):
+    reg = Registry()
+
+    @reg.entity("lead")
+    async def lead(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.record_run()
+            await ctx.spawn("helper", "shared", initial_message=m.payload, wake=Wake.run_finished())
+        for finished in ctx.wake.runs_finished:
+            ctx.reply(f"{ctx.entity_id} got {finished.response}")
+
+    @reg.entity("helper")
+    async def helper(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.reply(f"answer to {m.payload}")
+
+    rt = await cluster.runtime(reg)
+    assert await rt.ask("/lead/a", "a's task", timeout=10) == "a got answer to a's task"
+    # The child exists already: b's spawn is a get, and still delivers b's message and
+    # subscription, so b is woken too (it does not wait forever).
+    assert await rt.ask("/lead/b", "b's task", timeout=10) == "b got answer to b's task"
+    messages = [
+        r.event.payload async for r in rt.events("/helper/shared") if isinstance(r.event, Message)
+    ]
+    assert messages == ["a's task", "b's task"]

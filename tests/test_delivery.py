@@ -196,10 +196,15 @@ async def test_create_is_get_or_create(cluster) -> None:
     await rt.wait_idle(url, timeout=10)
     log_before = await log_events(rt, url)
 
-    # Same args (in any form that validates to the same value): nothing is appended.
+    # Same args (in any form that validates to the same value): no second `created`;
+    # without a message nothing is appended, and a message is delivered like a send.
     assert await rt.create("agent", "a1", {"name": "Ann", "level": 1}) == url
-    assert await rt.create("agent", "a1", Profile("Ann"), initial_message="again") == url
     assert await log_events(rt, url) == log_before
+    assert await rt.create("agent", "a1", Profile("Ann"), initial_message="again") == url
+    await rt.wait_idle(url, timeout=10)
+    log_before = await log_events(rt, url)
+    assert [e.payload for e in log_before if isinstance(e, Message)] == ["hello", "again"]
+    assert len([e for e in log_before if isinstance(e, Created)]) == 1
 
     with pytest.raises(ArgsConflictError) as info:
         await rt.create("agent", "a1", {"name": "Bob"})
@@ -208,7 +213,7 @@ async def test_create_is_get_or_create(cluster) -> None:
         await rt.create("agent", "a1", {"name": "Ann", "level": 2}, initial_message="x")
     assert await log_events(rt, url) == log_before
     assert (await rt.status(url)).args == {"name": "Ann", "level": 1}
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 async def test_create_without_args_type_compares_args_by_value(cluster) -> None:

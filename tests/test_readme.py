@@ -39,7 +39,7 @@ def test_demo_runs_on_the_embedded_default():
     assert "Model: ScriptedModel (no ANTHROPIC_API_KEY" in out.stdout
     assert 'memory {"action": "set", "key": "favourite colour", "value": "teal"}' in out.stdout
     assert "Your favourite colour is teal." in out.stdout
-    assert "| meanwhile /researcher/researcher-toolu_" in out.stdout
+    assert "| meanwhile /researcher/researcher-" in out.stdout
     assert 'calculator {"expression": "149597870.7 / 299792.458 / 60"}' in out.stdout
     assert "The researcher reports back: Findings: 149597870.7 / 299792.458 / 60 =" in out.stdout
     assert "favourite colour = teal" in out.stdout
