@@ -101,7 +101,11 @@ class AgentTool:
             raise ValueError(str(exc)) from None
 
     def spec(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "input_schema": self.input_schema()}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+        }
 
 
 def struct_schema(struct: type) -> dict[str, Any]:
@@ -161,7 +165,9 @@ def render_input(record: LogRecord) -> list[dict[str, Any]]:
             note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
         return [{"type": "text", "text": note}]
     if isinstance(event, Changed):
-        return [{"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}]
+        return [
+            {"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}
+        ]
     if isinstance(event, DeliveryFailed):
         return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
     return []
@@ -230,7 +236,9 @@ class Agent:
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
-            await self._journal(UserTurn(run_id=run_id, content=content, sources=[r.id for r in fresh]))
+            await self._journal(
+                UserTurn(run_id=run_id, content=content, sources=[r.id for r in fresh])
+            )
         return act.current_run
 
     async def _loop(self, run_id: str) -> RunResult:
@@ -247,12 +255,20 @@ class Agent:
                 return await self._finish(run_id, "completed", last, usage, len(steps))
             if len(steps) >= self.max_steps:
                 return await self._finish(
-                    run_id, "failed", last, usage, len(steps),
+                    run_id,
+                    "failed",
+                    last,
+                    usage,
+                    len(steps),
                     error=f"the run reached its limit of {self.max_steps} model steps",
                 )
             if self.max_run_tokens is not None and usage.total_tokens >= self.max_run_tokens:
                 return await self._finish(
-                    run_id, "failed", last, usage, len(steps),
+                    run_id,
+                    "failed",
+                    last,
+                    usage,
+                    len(steps),
                     error=f"the run used {usage.total_tokens} tokens, over its limit of "
                     f"{self.max_run_tokens}",
                 )
@@ -304,7 +320,9 @@ class Agent:
                 continue
             if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
                 await self._outcome(
-                    run_id, call_id, name,
+                    run_id,
+                    call_id,
+                    name,
                     "The response hit max_tokens before this call was complete, so it was not run.",
                     True,
                 )
@@ -312,11 +330,15 @@ class Agent:
             tool = self.tools.get(name)
             if tool is None:
                 known = ", ".join(sorted(self.tools)) or "none"
-                await self._outcome(run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}.", True)
+                await self._outcome(
+                    run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}.", True
+                )
                 continue
             if call_id in intents and not tool.rerun_when_in_doubt:
                 await self._outcome(
-                    run_id, call_id, name,
+                    run_id,
+                    call_id,
+                    name,
                     "This call was interrupted (the worker stopped while it ran) and the tool "
                     "must not be run twice, so it was not retried. Its effect is unknown.",
                     True,
@@ -325,19 +347,25 @@ class Agent:
             try:
                 params = tool.parse(call.get("input"))
             except ValueError as exc:
-                await self._outcome(run_id, call_id, name, f"Invalid arguments for {name}: {exc}", True)
+                await self._outcome(
+                    run_id, call_id, name, f"Invalid arguments for {name}: {exc}", True
+                )
                 continue
             to_run.append((call, tool, params))
         if not to_run:
             return
         new_intents = [
-            ToolCall(id=c["id"], name=c["name"], input=c.get("input")) for c, _, _ in to_run if c["id"] not in intents
+            ToolCall(id=c["id"], name=c["name"], input=c.get("input"))
+            for c, _, _ in to_run
+            if c["id"] not in intents
         ]
         if new_intents:
             await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
         await self._race(asyncio.gather(*(self._execute(run_id, c, t, p) for c, t, p in to_run)))
 
-    async def _execute(self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any) -> None:
+    async def _execute(
+        self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any
+    ) -> None:
         call_id = call["id"]
         live = self.ctx._live
 
@@ -353,18 +381,30 @@ class Agent:
                     result = await tool.execute(call_id, params, self.ctx.signal, on_update)
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # a failing tool is reported to the model, not a failed run
+                except (
+                    Exception
+                ) as exc:  # a failing tool is reported to the model, not a failed run
                     self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
-                    result = ToolResult(f"The tool raised {type(exc).__name__}: {exc}", is_error=True)
+                    result = ToolResult(
+                        f"The tool raised {type(exc).__name__}: {exc}", is_error=True
+                    )
             if not isinstance(result, ToolResult):
                 result = ToolResult(result)
             await live.drain()
-            await self._outcome(run_id, call_id, tool.name, result.content, result.is_error, result.details)
+            await self._outcome(
+                run_id, call_id, tool.name, result.content, result.is_error, result.details
+            )
         finally:
             CURRENT_TOOL_CALL.reset(scope)
 
     async def _outcome(
-        self, run_id: str, call_id: str, name: str, content: Content, is_error: bool, details: Any = None
+        self,
+        run_id: str,
+        call_id: str,
+        name: str,
+        content: Content,
+        is_error: bool,
+        details: Any = None,
     ) -> None:
         await self._journal(
             ToolOutcome(
@@ -392,7 +432,11 @@ class Agent:
         response = None
         if last is not None:
             response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
-        calls = sum(len(tool_uses(s.content)) for s in self._run_history(run_id) if isinstance(s, AssistantStep))
+        calls = sum(
+            len(tool_uses(s.content))
+            for s in self._run_history(run_id)
+            if isinstance(s, AssistantStep)
+        )
         self.ctx._activation.finish_run(
             status,
             response=response if status == "completed" else None,
@@ -422,7 +466,11 @@ class Agent:
         steps = [e for e in history if isinstance(e, AssistantStep)]
         usage = sum((Usage(**s.usage) for s in steps), Usage())
         return await self._finish(
-            run_id, "cancelled", steps[-1] if steps else None, usage, len(steps),
+            run_id,
+            "cancelled",
+            steps[-1] if steps else None,
+            usage,
+            len(steps),
             error=signal.reason or "cancelled",
         )
 

@@ -86,7 +86,9 @@ async def _client(args: argparse.Namespace) -> Runtime:
     registry = load_registry(args.app) if getattr(args, "app", None) else Registry()
     settings = _settings(args)
     if settings.redis_url is None:
-        raise WakefulError(f"wakeful {args.command} needs a Redis: pass --redis or set WAKEFUL_REDIS_URL")
+        raise WakefulError(
+            f"wakeful {args.command} needs a Redis: pass --redis or set WAKEFUL_REDIS_URL"
+        )
     return await Runtime(registry, settings=settings, run_worker=False).start()
 
 

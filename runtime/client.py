@@ -202,7 +202,8 @@ class Runtime:
         message = None
         if initial_message is not None:
             message = encode_event(
-                Message(payload=initial_message, sender=parent), limit=limit,
+                Message(payload=initial_message, sender=parent),
+                limit=limit,
                 what=f"initial message to {url}",
             )
         await self._store.append_input(
@@ -410,7 +411,9 @@ class Runtime:
                         f"{status.awaited_children}, timers {status.timers}, undelivered "
                         f"effects {status.undelivered})"
                     )
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 0.25))
+                await pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=min(remaining, 0.25)
+                )
         finally:
             await pubsub.aclose()
 

@@ -35,8 +35,16 @@ class Settings:
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("partitions", "lease_ttl_ms", "max_concurrency", "read_count",
-                     "max_event_bytes", "max_attempts", "snapshot_every", "cache_size"):
+        for name in (
+            "partitions",
+            "lease_ttl_ms",
+            "max_concurrency",
+            "read_count",
+            "max_event_bytes",
+            "max_attempts",
+            "snapshot_every",
+            "cache_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.lease_ttl_ms < 300:

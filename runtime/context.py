@@ -155,7 +155,9 @@ class EntityHandle:
         self._ctx = ctx
         self.entity_url = url
 
-    async def send(self, payload: Any, *, after: float | dt.timedelta | dt.datetime | None = None) -> None:
+    async def send(
+        self, payload: Any, *, after: float | dt.timedelta | dt.datetime | None = None
+    ) -> None:
         await self._ctx.send(self.entity_url, payload, after=after)
 
     async def status(self) -> EntityStatus:

@@ -316,7 +316,9 @@ class UndecodableRecord(msgspec.Struct, frozen=True):
     raw: bytes
 
 
-def encode_event(event: Event, *, limit: int = DEFAULT_MAX_EVENT_BYTES, what: str = "event") -> bytes:
+def encode_event(
+    event: Event, *, limit: int = DEFAULT_MAX_EVENT_BYTES, what: str = "event"
+) -> bytes:
     try:
         data = _encoder.encode(event)
     except (TypeError, ValueError, OverflowError) as exc:

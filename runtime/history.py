@@ -23,7 +23,9 @@ from .events import AssistantStep, HistoryEvent, ToolOutcome, UserTurn
 INTERRUPTED = "The tool call was interrupted before it returned a result; it did not complete."
 
 
-def tool_result_block(tool_use_id: str, content: list[dict[str, Any]], is_error: bool) -> dict[str, Any]:
+def tool_result_block(
+    tool_use_id: str, content: list[dict[str, Any]], is_error: bool
+) -> dict[str, Any]:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content}
     if is_error:
         block["is_error"] = True

@@ -30,18 +30,24 @@ class Dispatch(msgspec.Struct):
 
 
 class ScheduleMessage(msgspec.Struct):
-    url: Annotated[str, msgspec.Meta(description="Entity URL, /<type>/<id>; use your own to set a reminder")]
+    url: Annotated[
+        str, msgspec.Meta(description="Entity URL, /<type>/<id>; use your own to set a reminder")
+    ]
     text: str
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
 
 
 def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
-    async def send_message(call_id: str, p: SendMessage, signal: CancelSignal, on_update: Any) -> ToolResult:
+    async def send_message(
+        call_id: str, p: SendMessage, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
         parse_url(p.url)
         await ctx.send(p.url, p.text)
         return ToolResult(f"Message sent to {p.url}.", details={"url": p.url})
 
-    async def dispatch(call_id: str, p: Dispatch, signal: CancelSignal, on_update: Any) -> ToolResult:
+    async def dispatch(
+        call_id: str, p: Dispatch, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
         child = await ctx.spawn(
             p.agent,
             ctx.derive_id(p.agent),
@@ -62,7 +68,9 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
         return ToolResult(f"Message to {p.url} scheduled in {p.delay_seconds:g} s.")
 
     return [
-        AgentTool("send_message", "Send a text message to another entity.", SendMessage, send_message),
+        AgentTool(
+            "send_message", "Send a text message to another entity.", SendMessage, send_message
+        ),
         AgentTool(
             "dispatch",
             "Hand a task to a new child agent of the given type. Returns at once; you are "

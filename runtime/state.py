@@ -200,9 +200,7 @@ class CollectionView:
     def __init__(self, name: str, table: dict[Any, bytes], spec: Collection) -> None:
         self._name = name
         self._table = table
-        self._decoder = (
-            msgspec.msgpack.Decoder(spec.row) if spec.row is not None else _any_decoder
-        )
+        self._decoder = msgspec.msgpack.Decoder(spec.row) if spec.row is not None else _any_decoder
 
     def get(self, key: Any, default: Any = None) -> Any:
         data = self._table.get(key)
@@ -308,7 +306,9 @@ class Actions:
         if key in table:
             raise DuplicateKeyError(collection, key)
         table[key] = data
-        self.pending.append((CURRENT_TOOL_CALL.get(), Op("insert", collection, key, msgspec.Raw(data))))
+        self.pending.append(
+            (CURRENT_TOOL_CALL.get(), Op("insert", collection, key, msgspec.Raw(data)))
+        )
         return typed
 
     def _update(self, collection: str, *, key: Any, updater: Callable[[Any], Any]) -> Any:
@@ -325,7 +325,9 @@ class Actions:
                 collection, f"an update may not change the primary key ({key!r} -> {new_key!r})"
             )
         table[key] = data
-        self.pending.append((CURRENT_TOOL_CALL.get(), Op("update", collection, key, msgspec.Raw(data))))
+        self.pending.append(
+            (CURRENT_TOOL_CALL.get(), Op("update", collection, key, msgspec.Raw(data)))
+        )
         return typed
 
     def _delete(self, collection: str, *, key: Any) -> None:

@@ -350,7 +350,9 @@ class Worker:
         s = self.settings
         max_backlog = s.max_concurrency * 4
         while True:
-            partitions = [p for p, lease in self.leases.items() if not lease.draining and lease.valid()]
+            partitions = [
+                p for p, lease in self.leases.items() if not lease.draining and lease.valid()
+            ]
             if not partitions:
                 self._leases_changed.clear()
                 await _wait(self._leases_changed.wait(), s.heartbeat_ms / 1000)
@@ -360,7 +362,9 @@ class Worker:
                 await _wait(self._room.wait(), 1.0)
                 continue
             try:
-                pointers = await self.store.read_inbox(partitions, self.id, s.read_count, s.block_ms)
+                pointers = await self.store.read_inbox(
+                    partitions, self.id, s.read_count, s.block_ms
+                )
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -421,7 +425,9 @@ class Worker:
                     self._cache.pop(runner.url, None)
                     runner.entries[:0] = entries
                     await self._sleep_or_lose(runner, 0.5)
-        except Exception:  # a bug in the runtime itself: keep the worker alive, leave entries pending
+        except (
+            Exception
+        ):  # a bug in the runtime itself: keep the worker alive, leave entries pending
             log.exception("worker %s: runner of %s crashed", self.id, runner.url)
             self._cache.pop(runner.url, None)
         except BaseException:
@@ -458,10 +464,14 @@ class Worker:
         try:
             entity_type = self.registry.get(_text(meta, "type"))
         except UnknownEntityTypeError as exc:
-            await self._park(url, token, entries, created, str(exc), [], int(meta.get("attempts", 0)))
+            await self._park(
+                url, token, entries, created, str(exc), [], int(meta.get("attempts", 0))
+            )
             return
         try:
-            state, records, inputs, undecodable = self._rebuild(url, entity_type, cached, loaded, cursor)
+            state, records, inputs, undecodable = self._rebuild(
+                url, entity_type, cached, loaded, cursor
+            )
         except EventDecodeError as exc:  # a state event that cannot be read: state is unknown
             await self._park(url, token, entries, created, str(exc), [exc.stream_id], 0)
             return
@@ -485,7 +495,9 @@ class Worker:
             return
         if undecodable:
             error = "; ".join(str(e) for e in undecodable)
-            await self._park(url, token, entries, created, error, [e.stream_id for e in undecodable], 0)
+            await self._park(
+                url, token, entries, created, error, [e.stream_id for e in undecodable], 0
+            )
             return
         if any(isinstance(r.event, DeleteRequested) for r in inputs):
             await self._delete(url, token, entries, created, state, entity_type, inputs)
@@ -529,7 +541,11 @@ class Worker:
         return state, records, inputs, undecodable
 
     def _activation(
-        self, url: str, created: str, state: EntityState, entity_type: EntityType,
+        self,
+        url: str,
+        created: str,
+        state: EntityState,
+        entity_type: EntityType,
         inputs: list[LogRecord],
     ) -> Activation:
         return Activation(
@@ -558,7 +574,9 @@ class Worker:
         attempts = int(meta.get("attempts", 0))
         open_run = state.system.run
         act = self._activation(url, created, state, entity_type, inputs)
-        cancel = next((r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None)
+        cancel = next(
+            (r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None
+        )
         if cancel is not None:
             act.cancel_effects(cancel.reason)
 
@@ -567,7 +585,10 @@ class Worker:
             if batch:
                 self._fault("flush:before-commit")
                 ids = await self.store.commit(
-                    url, token, events=batch.events, created=created,
+                    url,
+                    token,
+                    events=batch.events,
+                    created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                 )
                 _note_applied(state, batch.events, ids)
@@ -748,7 +769,9 @@ class Worker:
         commit added makes the next activation (here or on another worker) retry."""
         if batch.outbox is None:
             return
-        outbox_id = next(i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX)
+        outbox_id = next(
+            i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
+        )
         try:
             failures = await self._deliver(url, batch.outbox.effects)
             self._fault("deliver:before-mark")
@@ -802,7 +825,9 @@ class Worker:
                             DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc))
                         )
                     else:  # a notice for an entity that no longer exists
-                        log.info("dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc)
+                        log.info(
+                            "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
+                        )
 
         await asyncio.gather(*(deliver_to(group) for group in by_target.values()))
         self.stats["effects_delivered"] += len(effects)
@@ -821,10 +846,14 @@ class Worker:
                 Created(type=target_type, args=effect.args, parent=sender), limit=1 << 30
             )
             if effect.subscribe is not None:
-                events.append((PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe))))
+                events.append(
+                    (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
+                )
         elif effect.kind == "subscribe":
             assert effect.subscribe is not None
-            events.append((PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe))))
+            events.append(
+                (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
+            )
         elif effect.kind == "send":
             mode = "send"
         elif effect.notice is not None:  # notify, cancel

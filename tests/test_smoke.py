@@ -18,7 +18,9 @@ def counter_registry() -> Registry:
     async def counter(ctx: HandlerContext) -> None:
         for _ in ctx.wake.messages:
             if "total" in ctx.db.collections.counts:
-                ctx.db.actions.counts_update(key="total", updater=lambda r: setattr(r, "n", r.n + 1))
+                ctx.db.actions.counts_update(
+                    key="total", updater=lambda r: setattr(r, "n", r.n + 1)
+                )
             else:
                 ctx.db.actions.counts_insert(row=Counter("total", 1))
 
