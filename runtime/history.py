@@ -11,7 +11,11 @@ always yields a request the Messages API accepts, whatever the journal holds
   with the same id, in call order; a call that has no journaled result gets an
   error result saying it was interrupted;
 * tool results for ids the preceding assistant message did not use are dropped;
-* an assistant message is never empty, and has no blank text blocks.
+* no message and no tool result is empty, and none has blank text blocks (the
+  API rejects those; a tool or a message can produce whitespace-only text);
+* a tool_use id already used earlier in the request is sent under a fresh id
+  (the API wants them unique; a scripted model, or another provider's journal,
+  can reuse them), and its result follows it.
 """
 
 from __future__ import annotations
@@ -41,10 +45,18 @@ def _blank_text(block: dict[str, Any]) -> bool:
     return block.get("type") == "text" and not str(block.get("text", "")).strip()
 
 
+def _nonblank(blocks: list[dict[str, Any]], placeholder: str) -> list[dict[str, Any]]:
+    """Copies of ``blocks`` without blank text blocks, or a placeholder if none is left."""
+    kept = [dict(b) for b in blocks if not _blank_text(b)]
+    return kept or [{"type": "text", "text": placeholder}]
+
+
 def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    open_calls: list[str] = []  # tool_use ids of the last assistant message, in order
-    results: dict[str, dict[str, Any]] = {}
+    # The tool calls of the last assistant message, in order: (id sent, id journaled).
+    open_calls: list[tuple[str, str]] = []
+    results: dict[str, ToolOutcome] = {}  # by journaled id
+    used: set[str] = set()  # every tool_use id in the request so far
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
         if not blocks:
@@ -54,35 +66,42 @@ def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
         else:
             messages.append({"role": role, "content": list(blocks)})
 
+    def answer(sent_id: str, call_id: str) -> dict[str, Any]:
+        outcome = results.get(call_id)
+        if outcome is None:
+            return tool_result_block(sent_id, [{"type": "text", "text": INTERRUPTED}], True)
+        return tool_result_block(sent_id, _nonblank(outcome.content, "(empty)"), outcome.is_error)
+
     def settle() -> None:
         """Answer the open tool calls, in call order, before anything else is added."""
         if open_calls:
-            add(
-                "user",
-                [
-                    results.get(call_id)
-                    or tool_result_block(call_id, [{"type": "text", "text": INTERRUPTED}], True)
-                    for call_id in open_calls
-                ],
-            )
+            add("user", [answer(sent_id, call_id) for sent_id, call_id in open_calls])
             open_calls.clear()
             results.clear()
+
+    def unique(call_id: str) -> str:
+        sent_id, n = call_id, 0
+        while sent_id in used:
+            n += 1
+            sent_id = f"{call_id}_{n}"
+        used.add(sent_id)
+        return sent_id
 
     for event in history:
         if isinstance(event, UserTurn):
             settle()
-            add("user", [dict(b) for b in event.content])
+            add("user", _nonblank(event.content, "(empty message)"))
         elif isinstance(event, AssistantStep):
             settle()
             if not messages:  # the API wants a user message first
                 add("user", [{"type": "text", "text": "(conversation start)"}])
-            content = [dict(b) for b in event.content if not _blank_text(b)]
-            content = content or [{"type": "text", "text": "(no content)"}]
+            content = _nonblank(event.content, "(no content)")
+            for block in tool_uses(content):
+                call_id = block["id"]
+                block["id"] = unique(call_id)
+                open_calls.append((block["id"], call_id))
             add("assistant", content)
-            open_calls.extend(b["id"] for b in tool_uses(content))
-        elif isinstance(event, ToolOutcome) and event.tool_call_id in open_calls:
-            results[event.tool_call_id] = tool_result_block(
-                event.tool_call_id, [dict(b) for b in event.content], event.is_error
-            )
+        elif isinstance(event, ToolOutcome) and any(event.tool_call_id == c for _, c in open_calls):
+            results[event.tool_call_id] = event
     settle()
     return messages

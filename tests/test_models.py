@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import anthropic
 import httpx2
 import pytest
 
@@ -24,134 +23,23 @@ from runtime.models import (
     Usage,
     resolve_model,
 )
+from tests.anthropic_fakes import (
+    MODEL,
+    SSE_HEADERS,
+    Server,
+    error_response,
+    message_start,
+    ok,
+    sse,
+    stream_body,
+    text_block,
+    tool_block,
+)
 
 pytestmark = pytest.mark.anyio
 
-MODEL = "claude-sonnet-4-6"
-SSE_HEADERS = {"content-type": "text/event-stream", "request-id": "req_test"}
-
-
-# --- recorded streams ---------------------------------------------------------------
-
-
-def sse(*events: dict[str, Any]) -> bytes:
-    return b"".join(
-        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
-    )
-
-
-def message_start(
-    input_tokens: int = 25, cache_creation: int = 0, cache_read: int = 0
-) -> dict[str, Any]:
-    return {
-        "type": "message_start",
-        "message": {
-            "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
-            "type": "message",
-            "role": "assistant",
-            "model": MODEL,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": input_tokens,
-                "cache_creation_input_tokens": cache_creation,
-                "cache_read_input_tokens": cache_read,
-                "output_tokens": 1,
-            },
-        },
-    }
-
-
-def text_block(index: int, *deltas: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "content_block_start",
-            "index": index,
-            "content_block": {"type": "text", "text": ""},
-        },
-        *(
-            {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "text_delta", "text": d},
-            }
-            for d in deltas
-        ),
-        {"type": "content_block_stop", "index": index},
-    ]
-
-
-def tool_block(index: int, id: str, name: str, *json_parts: str) -> list[dict[str, Any]]:
-    start = {"type": "tool_use", "id": id, "name": name, "input": {}}
-    return [
-        {"type": "content_block_start", "index": index, "content_block": start},
-        *(
-            {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "input_json_delta", "partial_json": part},
-            }
-            for part in json_parts
-        ),
-        {"type": "content_block_stop", "index": index},
-    ]
-
-
-def message_end(stop_reason: str, output_tokens: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens},
-        },
-        {"type": "message_stop"},
-    ]
-
-
-def stream_body(
-    *blocks: list[dict[str, Any]], stop_reason: str, output_tokens: int = 12, **start: int
-) -> bytes:
-    events = [message_start(**start), {"type": "ping"}]
-    for block in blocks:
-        events += block
-    return sse(*events, *message_end(stop_reason, output_tokens))
-
-
-def error_response(status: int, error_type: str, message: str, **headers: str) -> httpx2.Response:
-    body = {"type": "error", "error": {"type": error_type, "message": message}}
-    return httpx2.Response(status, json=body, headers={"request-id": "req_err", **headers})
-
 
 # --- helpers ------------------------------------------------------------------------
-
-
-class Server:
-    """Serves scripted responses to the real SDK client and records what it was sent."""
-
-    def __init__(self, *responses: httpx2.Response | Callable[[], httpx2.Response]) -> None:
-        self.responses = list(responses)
-        self.requests: list[httpx2.Request] = []
-
-    def handler(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        response = self.responses.pop(0)
-        return response() if callable(response) else response
-
-    def model(self, max_retries: int = 0) -> AnthropicModel:
-        client = anthropic.AsyncAnthropic(
-            api_key="test",
-            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)),
-            max_retries=max_retries,
-        )
-        return AnthropicModel(MODEL, client=client)
-
-    def body(self, n: int = 0) -> dict[str, Any]:
-        return json.loads(self.requests[n].content)
-
-
-def ok(body: bytes) -> httpx2.Response:
-    return httpx2.Response(200, content=body, headers=SSE_HEADERS)
 
 
 def request(**overrides: Any) -> ModelRequest:
