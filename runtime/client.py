@@ -272,6 +272,7 @@ class Runtime:
             if id_gt(skip, cursor):
                 cursor = skip
         fields["cursor"] = cursor
+        fields["woke"] = "1"  # with the pointer added below
         pipe = s.redis.pipeline(transaction=True)
         pipe.hset(k.meta(url), mapping=fields)
         pipe.xadd(k.log(url), {"e": encode_event(Resumed(skipped=skipped), limit=1 << 30)})

@@ -1,4 +1,25 @@
-"""Lua scripts. Each one touches the keys of a single partition only."""
+"""Lua scripts. Each one touches the keys of a single partition only.
+
+Wake pointers: an entity has at most one unacknowledged pointer in its
+partition inbox, marked by ``meta.woke``. A sender adds a pointer only if
+there is none (``HSETNX``); the commit that acknowledges pointers clears the
+mark and adds a fresh pointer if the entity still has work (input after the
+cursor, or undelivered effects). So a burst of messages to one entity costs one
+wake, and no input is ever left without a pointer.
+"""
+
+# Stream ids compare as (ms, seq) number pairs.
+_ID_GT = """
+local function id_gt(a, b)
+  if not a then return false end
+  if not b then return true end
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  if am ~= bm then return am > bm end
+  return tonumber(as) > tonumber(bs)
+end
+"""
 
 # KEYS: log, meta, inbox, idem, typeset
 # ARGV: url, type, idem_ttl_ms ('' = no dedupe), mode, args, created_event, parent, n,
@@ -37,7 +58,7 @@ for j = 0, n - 1 do
   if ARGV[9 + 2 * j] == 'i' then last_in = id end
 end
 if last_in then redis.call('HSET', meta, 'last_in', last_in) end
-redis.call('XADD', inbox, '*', 'u', url)
+if redis.call('HSETNX', meta, 'woke', '1') == 1 then redis.call('XADD', inbox, '*', 'u', url) end
 if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
 return {1, id, created_id}
 """
@@ -70,7 +91,7 @@ return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'FENCED'} | {'GONE'}
-COMMIT = """
+COMMIT = _ID_GT + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
 local ne, na, nf, nt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -88,7 +109,9 @@ for _ = 1, ne do
     last_out = id
     if flag == 'o' then
       redis.call('HSET', KEYS[3], 'out_last', id)
-      redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
+      if redis.call('HSETNX', KEYS[3], 'woke', '1') == 1 then
+        redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
+      end
       changed = true
     end
   end
@@ -106,6 +129,15 @@ if nf > 0 then
   redis.call('HSET', KEYS[3], unpack(ARGV, i, i + nf - 1))
   i = i + nf
   changed = true
+end
+if na > 0 then
+  -- The wake's pointers are acknowledged: point again if work is left.
+  redis.call('HDEL', KEYS[3], 'woke')
+  local m = redis.call('HMGET', KEYS[3], 'status', 'cursor', 'last_in', 'out_done', 'out_last')
+  if m[1] and m[1] ~= 'failed' and (id_gt(m[3], m[2]) or id_gt(m[5], m[4] or '0-0')) then
+    redis.call('HSET', KEYS[3], 'woke', '1')
+    redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
+  end
 end
 for _ = 1, nt do
   if redis.call('ZADD', KEYS[6], 'NX', ARGV[i + 1], ARGV[i]) == 1 then
@@ -135,7 +167,7 @@ if not data or redis.call('HGET', KEYS[4], 'created') ~= ARGV[4] then return 0 e
 redis.call('HINCRBY', KEYS[4], 'timers', -1)
 local id = redis.call('XADD', KEYS[5], '*', 'e', data)
 redis.call('HSET', KEYS[4], 'out_last', id)
-redis.call('XADD', KEYS[6], '*', 'u', ARGV[3])
+if redis.call('HSETNX', KEYS[4], 'woke', '1') == 1 then redis.call('XADD', KEYS[6], '*', 'u', ARGV[3]) end
 return 1
 """
 
