@@ -1,0 +1,55 @@
+"""Wake pointers: at most one pending per entity, and never none while work is left."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime import HandlerContext, Registry
+
+pytestmark = pytest.mark.anyio
+
+
+def app(seen: list[object], gate: asyncio.Event | None = None) -> Registry:
+    reg = Registry()
+
+    @reg.entity("sink")
+    async def sink(ctx: HandlerContext) -> None:
+        if gate is not None:
+            await gate.wait()
+        seen.extend(m.payload for m in ctx.wake.messages)
+
+    return reg
+
+
+async def inbox_len(rt, url: str) -> int:
+    keys = rt.store.keys
+    return await rt.store.redis.xlen(keys.inbox(keys.partition(url)))
+
+
+async def test_a_burst_of_messages_adds_one_pointer(cluster):
+    seen: list[object] = []
+    client = await cluster.runtime(app(seen), run_worker=False)
+    for i in range(50):
+        await client.send("/sink/a", i)
+    assert await inbox_len(client, "/sink/a") == 1
+    assert (await client.store.meta("/sink/a"))[b"woke".decode()] == b"1"
+    await cluster.runtime(app(seen))  # a worker: one wake takes the whole burst
+    await client.wait_idle("/sink/a")
+    assert seen == list(range(50))
+    meta = await client.store.meta("/sink/a")
+    assert "woke" not in meta  # acknowledged, nothing left to do
+
+
+async def test_input_that_arrives_during_a_wake_gets_a_new_pointer(cluster):
+    seen: list[object] = []
+    gate = asyncio.Event()
+    rt = await cluster.runtime(app(seen, gate))
+    await rt.send("/sink/a", "first")
+    await asyncio.sleep(0.2)  # the wake has started and waits at the gate
+    await rt.send("/sink/a", "second")  # a pointer is pending already: none is added
+    gate.set()
+    status = await rt.wait_idle("/sink/a", timeout=10)
+    assert status.status == "idle"
+    assert seen == ["first", "second"]
