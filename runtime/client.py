@@ -17,6 +17,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from .config import Settings
+from .connection import connect
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
@@ -86,7 +87,7 @@ class Runtime:
 
                 self._redis = embedded_redis()
             else:
-                self._redis = Redis.from_url(s.redis_url, decode_responses=False)
+                self._redis = connect(s.redis_url)
         keys = Keyspace(s.prefix, s.partitions)
         self.store = Store(self._redis, keys, idempotency_ttl_ms=s.idempotency_ttl_s * 1000)
         await self.store.setup()

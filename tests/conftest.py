@@ -19,6 +19,7 @@ import redis
 from redis.asyncio import Redis
 
 from runtime import Registry, Runtime, Settings
+from runtime.connection import connect
 
 REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 BACKENDS = ["fake", "redis"]
@@ -85,7 +86,7 @@ class Cluster:
     def redis(self) -> Redis:
         if self.fake_server is not None:
             return fakeredis.aioredis.FakeRedis(server=self.fake_server)
-        return Redis.from_url(REAL_REDIS_URL)
+        return connect(REAL_REDIS_URL)  # the connection the runtime itself makes
 
     def settings(self, **overrides: Any) -> Settings:
         base: dict[str, Any] = {
