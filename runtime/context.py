@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -206,9 +207,6 @@ class HandlerContext:
         self.first_wake = first_wake
         self.db = db
         self.signal = signal
-        self.log = logging.LoggerAdapter(
-            logging.getLogger(f"wakeful.entity.{entity_type}"), {"entity": entity_url}
-        )
         self._flush = flush
         self._activation = activation
         self._services = services
@@ -248,6 +246,13 @@ class HandlerContext:
         from .runtime_tools import runtime_tools
 
         return runtime_tools(self)
+
+    @functools.cached_property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that names the entity (``wakeful.entity.<type>``)."""
+        return logging.LoggerAdapter(
+            logging.getLogger(f"wakeful.entity.{self.entity_type}"), {"entity": self.entity_url}
+        )
 
     async def flush(self) -> None:
         """A commit point: make writes and effects so far durable, and deliver the effects."""

@@ -11,6 +11,7 @@ or from the start, rebuilds the same state on any worker.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +45,12 @@ from .streamids import ZERO, id_gt
 
 _encoder = msgspec.msgpack.Encoder()
 _any_decoder = msgspec.msgpack.Decoder()
+
+
+@functools.cache
+def row_decoder(row: type | None) -> msgspec.msgpack.Decoder[Any]:
+    """One decoder per row type, shared by every wake (building one costs ~20 us)."""
+    return msgspec.msgpack.Decoder(row) if row is not None else _any_decoder
 
 
 class ChildInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -200,7 +207,7 @@ class CollectionView:
     def __init__(self, name: str, table: dict[Any, bytes], spec: Collection) -> None:
         self._name = name
         self._table = table
-        self._decoder = msgspec.msgpack.Decoder(spec.row) if spec.row is not None else _any_decoder
+        self._decoder = row_decoder(spec.row)
 
     def get(self, key: Any, default: Any = None) -> Any:
         data = self._table.get(key)
@@ -263,7 +270,7 @@ class Actions:
         self._state = state
         self._specs = specs
         self._decoders = {
-            name: msgspec.msgpack.Decoder(spec.row) for name, spec in specs.items() if spec.row
+            name: row_decoder(spec.row) for name, spec in specs.items() if spec.row
         }
         self.pending: list[tuple[str | None, Op]] = []  # (tool call, op); see scope.py
 
