@@ -1,5 +1,6 @@
 """The README's quickstart and the demo must keep working as written."""
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -20,6 +21,16 @@ def test_readme_delegation_example_runs(capsys):
     code = re.search(r"### Delegating to children\n.*?```python\n(.*?)```", readme, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
     assert "INTRO / BODY / OUTRO" in capsys.readouterr().out
+
+
+def test_readme_agent_example_defines_a_working_tool():
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### Agents\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert "helper" in namespace["registry"]
+    result = asyncio.run(namespace["weather"]("t1", namespace["Weather"]("Oslo"), None, lambda u: None))
+    assert (result.content, result.details) == ("Sunny in Oslo", {"temp_c": 21})
 
 
 def test_demo_runs_on_the_embedded_default():
