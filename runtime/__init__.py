@@ -4,6 +4,19 @@ from .agent import AgentTool, RunResult, ToolResult
 from .client import Runtime
 from .config import Settings
 from .context import CancelSignal, EntityHandle, HandlerContext, Wake, WakeInfo
+from .contracts import (
+    AgentDef,
+    Capability,
+    Lifecycle,
+    Registration,
+    ToolContext,
+    ToolContractError,
+    ToolDef,
+    ToolFailure,
+    define_agent,
+    define_tool,
+    tool,
+)
 from .errors import (
     ArgsConflictError,
     CollectionError,
@@ -61,12 +74,14 @@ from .urls import EntityUrl, entity_url, parse_url
 from .worker import Worker
 
 __all__ = [
+    "AgentDef",
     "AgentTool",
     "AnthropicModel",
     "ArgsConflictError",
     "AssistantStep",
     "CancelRequested",
     "CancelSignal",
+    "Capability",
     "Changed",
     "ChildInfo",
     "ChildRunFinished",
@@ -93,6 +108,7 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidTypeNameError",
     "InvalidUrlError",
+    "Lifecycle",
     "LiveEvent",
     "LiveRecord",
     "LogRecord",
@@ -103,6 +119,7 @@ __all__ = [
     "ModelError",
     "Outbox",
     "PayloadTooLargeError",
+    "Registration",
     "Registry",
     "Resumed",
     "RowValidationError",
@@ -117,6 +134,10 @@ __all__ = [
     "Subscribed",
     "Subscription",
     "ToolCall",
+    "ToolContext",
+    "ToolContractError",
+    "ToolDef",
+    "ToolFailure",
     "ToolIntent",
     "ToolOutcome",
     "ToolResult",
@@ -129,6 +150,9 @@ __all__ = [
     "WakeInfo",
     "WakefulError",
     "Worker",
+    "define_agent",
+    "define_tool",
     "entity_url",
     "parse_url",
+    "tool",
 ]

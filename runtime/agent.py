@@ -51,6 +51,16 @@ Content = str | list[dict[str, Any]]
 OnUpdate = Callable[[Any], None]
 
 
+class ToolBugError(Exception):
+    """A tool broke (not a planned failure): the run fails. ``public`` is what clients
+    see; ``detail`` (the traceback) stays in the log."""
+
+    def __init__(self, public: str, detail: str) -> None:
+        super().__init__(public)
+        self.public = public
+        self.detail = detail
+
+
 class WakeInterrupted(Exception):
     """The wake must stop without committing (lease lost, worker shutting down).
 
@@ -83,6 +93,12 @@ class AgentTool:
     execute: Callable[[str, Any, CancelSignal, OnUpdate], Awaitable[ToolResult | Content]]
     label: str = ""
     rerun_when_in_doubt: bool = True
+    # Checked before every model step (a disabled tool is left out of the request)
+    # and before every execution (a call to a disabled tool gets an error result).
+    enabled: Callable[[], Awaitable[bool]] | None = None
+
+    async def is_enabled(self) -> bool:
+        return True if self.enabled is None else bool(await self.enabled())
 
     def input_schema(self) -> dict[str, Any]:
         if isinstance(self.parameters, dict):
@@ -193,9 +209,7 @@ class Agent:
         self.model = resolve_model(model)
         self.tools: dict[str, AgentTool] = {}
         for tool in tools or []:
-            if tool.name in self.tools:
-                raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
-            self.tools[tool.name] = tool
+            self.add_tool(tool)
         self.max_steps = max_steps
         self.max_run_tokens = max_run_tokens
         self.max_output_tokens = max_output_tokens
@@ -217,6 +231,21 @@ class Agent:
         async with self._commit_lock:
             await self.ctx.flush()
 
+    def add_tool(self, tool: AgentTool) -> None:
+        if tool.name in self.tools:
+            raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        self.tools[tool.name] = tool
+
+    def caller(self) -> tuple[dict[str, str] | None, Any]:
+        """``(identity, client_data)`` of the messages the open run took, latest first."""
+        identity, client_data = None, None
+        run = self.ctx._activation.current_run
+        for event in reversed(self._system.history):
+            if isinstance(event, UserTurn) and event.run_id == run:
+                identity = identity or event.identity
+                client_data = client_data if client_data is not None else event.client_data
+        return identity, client_data
+
     # -- the loop ------------------------------------------------------------------
 
     async def run(self) -> RunResult:
@@ -227,6 +256,13 @@ class Agent:
             return await self._loop(run_id)
         except _Stopped:
             return await self._stopped(run_id)
+        except ToolBugError as bug:
+            history = self._run_history(run_id)
+            steps = [e for e in history if isinstance(e, AssistantStep)]
+            usage = sum((Usage(**s.usage) for s in steps), Usage())
+            return await self._finish(
+                run_id, "failed", steps[-1] if steps else None, usage, len(steps), error=bug.public
+            )
 
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
@@ -236,8 +272,18 @@ class Agent:
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
+            messages = [r.event for r in fresh if isinstance(r.event, Message)]
             await self._journal(
-                UserTurn(run_id=run_id, content=content, sources=[r.id for r in fresh])
+                UserTurn(
+                    run_id=run_id,
+                    content=content,
+                    sources=[r.id for r in fresh],
+                    identity=next((m.identity for m in reversed(messages) if m.identity), None),
+                    client_data=next(
+                        (m.client_data for m in reversed(messages) if m.client_data is not None),
+                        None,
+                    ),
+                )
             )
         return act.current_run
 
@@ -296,7 +342,7 @@ class Agent:
             model=self.model.name,
             system=self.system_prompt,
             messages=project(self._system.history),
-            tools=[tool.spec() for tool in self.tools.values()],
+            tools=[tool.spec() for tool in self.tools.values() if await tool.is_enabled()],
             max_tokens=self.max_output_tokens,
         )
         live = self.ctx._live
@@ -344,6 +390,11 @@ class Agent:
                     True,
                 )
                 continue
+            if not await tool.is_enabled():
+                await self._outcome(
+                    run_id, call_id, name, f"The tool {name!r} is disabled and cannot run now.", True
+                )
+                continue
             try:
                 params = tool.parse(call.get("input"))
             except ValueError as exc:
@@ -380,6 +431,11 @@ class Agent:
                 try:
                     result = await tool.execute(call_id, params, self.ctx.signal, on_update)
                 except asyncio.CancelledError:
+                    raise
+                except ToolBugError as bug:
+                    await self._outcome(
+                        run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
+                    )
                     raise
                 except (
                     Exception

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from .config import Settings
 from .connection import connect
+from .contracts import Capability
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
@@ -62,6 +63,7 @@ class Runtime:
         settings: Settings | None = None,
         run_worker: bool | None = None,
         redis: Redis | None = None,
+        capabilities: list[Capability[Any]] | None = None,
     ) -> None:
         base = settings or Settings.from_env()
         if redis_url is not None:
@@ -70,6 +72,7 @@ class Runtime:
         self.registry = registry or Registry()
         self.embedded = redis is None and base.redis_url is None
         self._run_worker = self.embedded if run_worker is None else run_worker
+        self.capabilities = list(capabilities or [])
         self._redis = redis
         self._embedded_server: Any = None
         self.store: Store | None = None
@@ -92,7 +95,7 @@ class Runtime:
         self.store = Store(self._redis, keys, idempotency_ttl_ms=s.idempotency_ttl_s * 1000)
         await self.store.setup()
         if self._run_worker:
-            self.worker = Worker(self.registry, self.store, s)
+            self.worker = Worker(self.registry, self.store, s, capabilities=self.capabilities)
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
             await self._wait_worker_ready()
         return self

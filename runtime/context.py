@@ -32,6 +32,7 @@ from .urls import entity_url, parse_url
 if TYPE_CHECKING:
     from .activation import Activation
     from .agent import Agent, AgentTool
+    from .contracts import AgentDef
     from .live import LivePublisher
     from .models import Model
     from .registry import EntityType
@@ -217,22 +218,41 @@ class HandlerContext:
 
     def use_agent(
         self,
-        system_prompt: str,
-        model: str | Model,
+        system_prompt: str | AgentDef,
+        model: str | Model | None = None,
         tools: list[AgentTool] | None = None,
         **options: Any,
     ) -> Agent:
         """Set up the agent loop for this wake; run it with ``await ctx.agent.run()``.
 
-        ``model`` is a ``claude-*`` name (the Anthropic API; ``ANTHROPIC_API_KEY``
-        must be set, checked here) or a :class:`Model` such as ``ScriptedModel``.
-        Options: ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
+        Either the plain style (``system_prompt``, ``model``, ``tools`` as
+        ``AgentTool``s) or a typed agent from ``define_agent`` (its registrations
+        are checked here, before any model call). ``model`` is a ``claude-*``
+        name (the Anthropic API; ``ANTHROPIC_API_KEY`` must be set, checked
+        here) or a :class:`Model` such as ``ScriptedModel``. Options:
+        ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
         ``tool_concurrency``.
         """
         from .agent import Agent
+        from .contracts import AgentDef, resolve_tools
 
-        self._agent = Agent(self, system_prompt=system_prompt, model=model, tools=tools, **options)
-        return self._agent
+        if isinstance(system_prompt, AgentDef):
+            definition = system_prompt
+            agent = Agent(
+                self,
+                system_prompt=definition.instructions,
+                model=model or definition.model,
+                tools=list(tools or []),
+                **{**definition.options, **options},
+            )
+            for tool in resolve_tools(definition, self, agent.caller):
+                agent.add_tool(tool)
+        else:
+            if model is None:
+                raise TypeError("use_agent needs a model (a claude-* name or a Model)")
+            agent = Agent(self, system_prompt=system_prompt, model=model, tools=tools, **options)
+        self._agent = agent
+        return agent
 
     @property
     def agent(self) -> Agent:

@@ -231,6 +231,8 @@ class UserTurn(Event, tag="user_turn"):
     run_id: str
     content: list[dict[str, Any]]
     sources: list[str] = []
+    identity: dict[str, str] | None = None  # of the last message taken (trusted)
+    client_data: Any = None  # of the last message taken (untrusted)
 
 
 class AssistantStep(Event, tag="assistant_step"):

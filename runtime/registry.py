@@ -75,6 +75,14 @@ class Registry:
 
     def __init__(self) -> None:
         self._types: dict[str, EntityType] = {}
+        self._agents: dict[str, Any] = {}
+
+    def agent(self, agent: Any) -> Any:
+        """Record an agent definition (``define_agent``) so the manifest lists its contract."""
+        if agent.name in self._agents:
+            raise DuplicateTypeError(f"agent {agent.name!r} is already registered")
+        self._agents[agent.name] = agent
+        return agent
 
     def register(
         self,
@@ -142,7 +150,11 @@ class Registry:
         return list(self._types)
 
     def manifest(self) -> dict[str, Any]:
-        return {"version": 1, "types": [t.manifest() for t in self._types.values()]}
+        return {
+            "version": 1,
+            "types": [t.manifest() for t in self._types.values()],
+            "agents": [a.manifest() for a in self._agents.values()],
+        }
 
     def manifest_json(self) -> str:
         return json.dumps(self.manifest(), indent=2, sort_keys=False)

@@ -43,6 +43,7 @@ from .activation import INPUT, OUTBOX, PLAIN, Activation, CommitBatch
 from .agent import WakeInterrupted
 from .config import Settings
 from .context import CancelSignal, HandlerContext, WakeInfo
+from .contracts import Capability, CapabilityPool
 from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
@@ -150,8 +151,11 @@ class Worker:
         settings: Settings,
         *,
         worker_id: str | None = None,
+        capabilities: list[Capability[Any]] | None = None,
     ) -> None:
         self.registry = registry
+        self.capabilities = {c.name: c for c in capabilities or []}
+        self._pools: dict[str, CapabilityPool] = {}
         self.store = store
         self.settings = settings
         self.id = worker_id or new_worker_id()
@@ -219,6 +223,8 @@ class Worker:
             await self._reap(lease_task)
             if not self._killed:
                 await self._release_all()
+            for url in list(self._pools):
+                await self._release_capabilities(url)
             log.info("worker %s stopped", self.id)
 
     async def _reap(self, task: asyncio.Task[None]) -> None:
@@ -756,6 +762,7 @@ class Worker:
                 await self._deliver(url, batch.outbox.effects)  # must land before the log goes
                 await self.store.commit(url, token, fields={"out_done": ids[-1]}, created=created)
         self._cache.pop(url, None)
+        await self._release_capabilities(url)
         await self.store.delete(url, token, created, entries)
         self._untrack(self.store.keys.partition(url), entries)
         log.info("entity %s deleted", url)
@@ -939,11 +946,24 @@ class Worker:
             raise EntityNotFoundError(url)
         return status_from_meta(url, meta)
 
+    def capabilities_for(self, url: str) -> CapabilityPool:
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = CapabilityPool(url, self.capabilities)
+        return pool
+
+    async def _release_capabilities(self, url: str) -> None:
+        pool = self._pools.pop(url, None)
+        if pool is not None:
+            await pool.cleanup()
+
     def _remember(self, url: str, state: EntityState, pos: str, created: str, since: int) -> None:
         self._cache[url] = Cached(state, pos, created, since)
         self._cache.move_to_end(url)
         while len(self._cache) > self.settings.cache_size:
-            self._cache.popitem(last=False)
+            evicted, _ = self._cache.popitem(last=False)
+            if evicted in self._pools and evicted not in self._runners:
+                asyncio.get_running_loop().create_task(self._release_capabilities(evicted))
 
 
 async def _no_handler(ctx: HandlerContext) -> None:  # pragma: no cover - placeholder type
