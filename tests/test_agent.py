@@ -25,6 +25,7 @@ from runtime import (
 )
 from runtime.history import INTERRUPTED
 from runtime.models import ModelRequest, ModelResponse
+from tests.faults import crash_and_recover
 
 pytestmark = pytest.mark.anyio
 
@@ -202,34 +203,8 @@ async def test_missing_api_key_is_a_clear_error_at_use_agent(cluster, monkeypatc
 # --- crash and resume -----------------------------------------------------------------
 
 
-class SimulatedCrash(BaseException):
-    pass
-
-
 async def run_with_crash(cluster, reg: Registry, url: str, point: str, hit: int) -> Any:
-    """Start a worker that dies at the ``hit``-th ``point``, then recover on a fresh one."""
-    first = await cluster.runtime(reg, lease_ttl_ms=400)
-    crashed = asyncio.Event()
-    seen = 0
-
-    def hook(name: str) -> None:
-        nonlocal seen
-        if name == point:
-            seen += 1
-            if seen == hit:
-                crashed.set()
-                first.worker.kill()
-                raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
-    await first.send(url, "add things")
-    await asyncio.wait_for(crashed.wait(), 10)
-    await first.close()
-    cluster.runtimes.remove(first)
-    second = await cluster.runtime(reg, lease_ttl_ms=400)
-    status = await second.wait_idle(url, timeout=20)
-    assert status.status == "idle", status
-    return second
+    return await crash_and_recover(cluster, reg, url, "add things", point, hit, timeout=20)
 
 
 # The crash-free run commits: user turn, step 1, intents, 2 results, step 2, intent,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from runtime import (
 from runtime.context import CancelSignal
 from runtime.events import AssistantStep, ToolOutcome
 from runtime.models import DEFAULT_MODEL, ModelRequest, ScriptedModel
+from tests.faults import crash_and_recover
 from tools import MEMORY_COLLECTION, calculator, memory_store
 from tools.calculator import MAX_INT_BITS, Calculation, CalculationError, evaluate
 
@@ -354,10 +354,6 @@ async def test_a_tool_call_id_reused_in_a_later_run_still_dispatches_a_new_child
         assert len([e for e in child_log if isinstance(e, Message)]) == 1
 
 
-class SimulatedCrash(BaseException):
-    """Raised at a commit point: the worker dies there like a killed process."""
-
-
 # The research run's commits: 1 user turn, 2 the dispatch step, 3 its intent, 4 its
 # result (with the spawn in the outbox), then the spawn is delivered.
 CRASH_POINTS = [
@@ -369,29 +365,9 @@ CRASH_POINTS = [
 
 @pytest.mark.parametrize(("point", "hit"), CRASH_POINTS, ids=[f"{p}#{n}" for p, n in CRASH_POINTS])
 async def test_a_crash_around_the_dispatch_spawns_one_child(cluster, point: str, hit: int):
-    first = await cluster.runtime(entities_registry, lease_ttl_ms=400)
-    assert first.worker is not None
-    crashed = asyncio.Event()
-    seen = 0
-
-    def hook(name: str) -> None:
-        nonlocal seen
-        if name == point:
-            seen += 1
-            if seen == hit:
-                crashed.set()
-                first.worker.kill()
-                raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
-    await first.send(ASSISTANT, "Research what 6 * 7 is.")
-    await asyncio.wait_for(crashed.wait(), 15)
-    await first.close()
-    cluster.runtimes.remove(first)
-
-    second = await cluster.runtime(entities_registry, lease_ttl_ms=400)
-    status = await second.wait_idle(ASSISTANT, timeout=30)
-    assert status.status == "idle", status
+    second = await crash_and_recover(
+        cluster, entities_registry, ASSISTANT, "Research what 6 * 7 is.", point, hit
+    )
     [child] = await _dispatched_children(second, ASSISTANT)
     assert await second.list("researcher") == [child]
     child_log = [r.event async for r in second.events(child)]

@@ -8,8 +8,6 @@ child run.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from runtime import (
@@ -21,12 +19,9 @@ from runtime import (
     RunFinished,
     Wake,
 )
+from tests.faults import crash_and_recover
 
 pytestmark = pytest.mark.anyio
-
-
-class SimulatedCrash(BaseException):
-    """Raised at a commit point: the worker dies there like a killed process."""
 
 
 def app() -> Registry:
@@ -84,30 +79,7 @@ async def _events(rt, url: str) -> list[object]:
 
 @pytest.mark.parametrize(("point", "hit"), CRASH_POINTS, ids=[f"{p}#{n}" for p, n in CRASH_POINTS])
 async def test_crash_at_commit_point_recovers_exactly_once(cluster, point: str, hit: int):
-    reg = app()
-    first = await cluster.runtime(reg, lease_ttl_ms=400)
-    assert first.worker is not None
-    crashed = asyncio.Event()
-    seen = 0
-
-    def hook(name: str) -> None:
-        nonlocal seen
-        if name == point:
-            seen += 1
-            if seen == hit:
-                crashed.set()
-                first.worker.kill()
-                raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
-    await first.send("/lead/x", "go")
-    await asyncio.wait_for(crashed.wait(), 15)  # the crash point must really be reached
-    await first.close()
-    cluster.runtimes.remove(first)
-
-    second = await cluster.runtime(reg, lease_ttl_ms=400)
-    status = await second.wait_idle("/lead/x", timeout=30)
-    assert status.status == "idle", status
+    second = await crash_and_recover(cluster, app(), "/lead/x", "go", point, hit)
 
     lead = await _events(second, "/lead/x")
     notices = [e for e in lead if isinstance(e, ChildRunFinished)]

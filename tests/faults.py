@@ -1,0 +1,50 @@
+"""Fault injection for in-process workers: die at the N-th visit of a commit point."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from runtime import Registry, Runtime
+
+
+class SimulatedCrash(BaseException):
+    """Raised at a commit point: the worker dies there like a killed process."""
+
+
+async def crash_and_recover(
+    cluster: Any,
+    registry: Registry,
+    url: str,
+    message: Any,
+    point: str,
+    hit: int,
+    *,
+    timeout: float = 30,
+) -> Runtime:
+    """Send ``message`` to ``url`` on a worker that is killed (no cleanup, leases kept
+    until they expire) at the ``hit``-th time it reaches ``point``; then start a
+    fresh worker, wait until ``url`` is idle again, and return that runtime."""
+    first = await cluster.runtime(registry, lease_ttl_ms=400)
+    assert first.worker is not None
+    crashed = asyncio.Event()
+    seen = 0
+
+    def hook(name: str) -> None:
+        nonlocal seen
+        if name == point:
+            seen += 1
+            if seen == hit:
+                crashed.set()
+                first.worker.kill()
+                raise SimulatedCrash(name)
+
+    first.worker.fault_hook = hook
+    await first.send(url, message)
+    await asyncio.wait_for(crashed.wait(), 15)  # the crash point must really be reached
+    await first.close()
+    cluster.runtimes.remove(first)
+    second = await cluster.runtime(registry, lease_ttl_ms=400)
+    status = await second.wait_idle(url, timeout=timeout)
+    assert status.status == "idle", status
+    return second
