@@ -257,12 +257,7 @@ class Agent:
         except _Stopped:
             return await self._stopped(run_id)
         except ToolBugError as bug:
-            history = self._run_history(run_id)
-            steps = [e for e in history if isinstance(e, AssistantStep)]
-            usage = sum((Usage(**s.usage) for s in steps), Usage())
-            return await self._finish(
-                run_id, "failed", steps[-1] if steps else None, usage, len(steps), error=bug.public
-            )
+            return await self._finish(run_id, "failed", error=bug.public)
 
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
@@ -291,37 +286,30 @@ class Agent:
         while True:
             self._check_signal()
             history = self._run_history(run_id)
-            steps = [e for e in history if isinstance(e, AssistantStep)]
-            usage = sum((Usage(**s.usage) for s in steps), Usage())
+            steps, usage = self._progress(run_id)
             last = steps[-1] if steps else None
             if last is not None and not self._settled(last, run_id):
                 await self._run_tools(run_id, last, history)
                 continue
             if isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content):
-                return await self._finish(run_id, "completed", last, usage, len(steps))
+                return await self._finish(run_id, "completed")
             if len(steps) >= self.max_steps:
                 return await self._finish(
                     run_id,
                     "failed",
-                    last,
-                    usage,
-                    len(steps),
                     error=f"the run reached its limit of {self.max_steps} model steps",
                 )
             if self.max_run_tokens is not None and usage.total_tokens >= self.max_run_tokens:
                 return await self._finish(
                     run_id,
                     "failed",
-                    last,
-                    usage,
-                    len(steps),
                     error=f"the run used {usage.total_tokens} tokens, over its limit of "
                     f"{self.max_run_tokens}",
                 )
             try:
                 response = await self._step()
             except _RunFailed as exc:
-                return await self._finish(run_id, "failed", last, usage, len(steps), error=str(exc))
+                return await self._finish(run_id, "failed", error=str(exc))
             await self._journal(
                 AssistantStep(
                     run_id=run_id,
@@ -392,7 +380,11 @@ class Agent:
                 continue
             if not await tool.is_enabled():
                 await self._outcome(
-                    run_id, call_id, name, f"The tool {name!r} is disabled and cannot run now.", True
+                    run_id,
+                    call_id,
+                    name,
+                    f"The tool {name!r} is disabled and cannot run now.",
+                    True,
                 )
                 continue
             try:
@@ -475,24 +467,25 @@ class Agent:
 
     # -- ending a run --------------------------------------------------------------
 
+    def _progress(self, run_id: str) -> tuple[list[AssistantStep], Usage]:
+        """The run's model steps so far and their summed usage."""
+        steps = [e for e in self._run_history(run_id) if isinstance(e, AssistantStep)]
+        return steps, sum((Usage(**s.usage) for s in steps), Usage())
+
     async def _finish(
         self,
         run_id: str,
         status: Literal["completed", "failed", "cancelled"],
-        last: AssistantStep | None,
-        usage: Usage,
-        steps: int,
         *,
         error: str | None = None,
     ) -> RunResult:
+        journaled, usage = self._progress(run_id)
+        last = journaled[-1] if journaled else None
+        steps = len(journaled)
         response = None
         if last is not None:
             response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
-        calls = sum(
-            len(tool_uses(s.content))
-            for s in self._run_history(run_id)
-            if isinstance(s, AssistantStep)
-        )
+        calls = sum(len(tool_uses(s.content)) for s in journaled)
         self.ctx._activation.finish_run(
             status,
             response=response if status == "completed" else None,
@@ -518,17 +511,7 @@ class Agent:
         signal = self.ctx.signal
         if signal.kind != "cancel":
             raise WakeInterrupted(signal.reason or "interrupted")
-        history = self._run_history(run_id)
-        steps = [e for e in history if isinstance(e, AssistantStep)]
-        usage = sum((Usage(**s.usage) for s in steps), Usage())
-        return await self._finish(
-            run_id,
-            "cancelled",
-            steps[-1] if steps else None,
-            usage,
-            len(steps),
-            error=signal.reason or "cancelled",
-        )
+        return await self._finish(run_id, "cancelled", error=signal.reason or "cancelled")
 
     def _check_signal(self) -> None:
         if self.ctx.signal.cancelled:
