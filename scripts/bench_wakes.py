@@ -58,35 +58,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import io
 import json
 import os
-import platform
 import pstats
-import secrets
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from importlib import metadata
 from typing import Any
 
-import msgspec
-import redis
+from benchlib import (
+    STARTUP_TIMEOUT_S,
+    delete_prefix,
+    describe_machine,
+    emit,
+    fmt,
+    median_of,
+    percentiles,
+    raw_add,
+    raw_consume,
+    raw_preload,
+    raw_setup,
+    unique_prefix,
+)
+from benchlib import Child as _Child
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from runtime import Collection, HandlerContext, Registry, Runtime, Settings, Worker
-from runtime.events import Message, decode_event, encode_event
 from runtime.keys import Keyspace
 from runtime.store import Store
 
 ENTITY_TYPE = "bench"
-RAW_GROUP = "bench"
-RAW_COUNT = 100
-STARTUP_TIMEOUT_S = 60.0
 
 # -- the benchmark entity (runs in the worker process) ------------------------
 
@@ -176,38 +180,8 @@ class BenchStore(Store):
 # -- helpers ------------------------------------------------------------------
 
 
-def emit(**data: Any) -> None:
-    print(json.dumps(data), flush=True)
-
-
-def percentiles(samples_s: list[float]) -> dict[str, float | int]:
-    """p50/p90/p99/max in milliseconds (nearest rank)."""
-    if not samples_s:
-        return {"n": 0}
-    ordered = sorted(samples_s)
-
-    def rank(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))] * 1000
-
-    return {
-        "n": len(ordered),
-        "p50": round(rank(0.50), 3),
-        "p90": round(rank(0.90), 3),
-        "p99": round(rank(0.99), 3),
-        "max": round(ordered[-1] * 1000, 3),
-    }
-
-
 def entity_urls(n: int) -> list[str]:
     return [f"/{ENTITY_TYPE}/e{i:05d}" for i in range(n)]
-
-
-def raw_inbox(prefix: str, partition: int) -> str:
-    return f"{prefix}:raw:{{p{partition}}}:in"
-
-
-def raw_log(prefix: str, partition: int, url: str) -> str:
-    return f"{prefix}:raw:{{p{partition}}}:log:{url}"
 
 
 async def paced(total: int, rate: float, send: Callable[[range], Awaitable[None]]) -> float:
@@ -223,19 +197,6 @@ async def paced(total: int, rate: float, send: Callable[[range], Awaitable[None]
         await asyncio.sleep(0.001)
     await asyncio.gather(*tasks)
     return time.perf_counter() - start
-
-
-async def delete_prefix(r: Redis, prefix: str) -> int:
-    deleted = 0
-    batch: list[bytes] = []
-    async for key in r.scan_iter(match=f"{prefix}:*", count=2000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            deleted += await r.unlink(*batch)
-            batch = []
-    if batch:
-        deleted += await r.unlink(*batch)
-    return deleted
 
 
 # -- worker process -----------------------------------------------------------
@@ -300,124 +261,23 @@ async def worker_main(args: argparse.Namespace) -> None:
 
 
 async def raw_main(args: argparse.Namespace) -> None:
-    r = Redis.from_url(args.redis, decode_responses=False)
-    await r.ping()
-    streams = {raw_inbox(args.prefix, p): ">" for p in range(args.partitions)}
-    keys = Keyspace(args.prefix, args.partitions)
-    log_keys: dict[bytes, str] = {}
-    handler_lat: list[float] = []
-    commit_lat: list[float] = []
-    done = 0
-    stamped = 0
-    emit(event="ready", startup_s=0.0, partitions=args.partitions)
-    t0 = time.perf_counter()
-    throughput_reported = False
-    while True:
-        reply = await r.xreadgroup(RAW_GROUP, "c1", streams, count=RAW_COUNT, block=100)
-        if not reply:
-            continue
-        now = time.time()
-        stamps: list[float] = []
-        pipe = r.pipeline(transaction=False)
-        for stream, entries in reply:
-            ids = []
-            for entry_id, fields in entries:
-                data = fields[b"e"]
-                event = decode_event(data)
-                url_b = fields[b"u"]
-                key = log_keys.get(url_b)
-                if key is None:
-                    url = url_b.decode()
-                    key = log_keys[url_b] = raw_log(args.prefix, keys.partition(url), url)
-                pipe.xadd(key, {"e": data})
-                payload = event.payload  # type: ignore[attr-defined]
-                if isinstance(payload, dict) and "ts" in payload:
-                    stamps.append(payload["ts"])
-                ids.append(entry_id)
-            pipe.xack(stream, RAW_GROUP, *ids)
-        await pipe.execute()
-        committed_at = time.time()
-        handler_lat.extend(now - ts for ts in stamps)
-        commit_lat.extend(committed_at - ts for ts in stamps)
-        done += sum(len(entries) for _, entries in reply) - len(stamps)
-        stamped += len(stamps)
-        if not throughput_reported and done >= args.expect:
-            throughput_reported = True
-            elapsed = time.perf_counter() - t0
-            emit(
-                event="throughput",
-                seconds=elapsed,
-                seconds_committed=elapsed,
-                messages=done,
-                handler_calls=done,
-                activations=done,
-            )
-            if not args.expect_latency:
-                break
-        if args.expect_latency and stamped >= args.expect_latency:
-            emit(
-                event="latency", handler=percentiles(handler_lat), committed=percentiles(commit_lat)
-            )
-            break
-    await r.aclose()
+    await raw_consume(args.redis, args.prefix, args.partitions, args.expect, args.expect_latency)
 
 
 # -- orchestration ----------------------------------------------------------------
 
 
-class Child:
+class Child(_Child):
     """A consumer subprocess (this script in another role) speaking JSON lines."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
     @classmethod
-    async def start(cls, role: str, args: argparse.Namespace, prefix: str, **extra: Any) -> Child:
-        argv = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--role",
-            role,
-            "--redis",
-            args.redis,
-            "--prefix",
-            prefix,
-            "--partitions",
-            str(args.partitions),
-        ]
-        for name, value in extra.items():
-            if value is True:
-                argv.append(f"--{name.replace('_', '-')}")
-            elif value not in (None, False):
-                argv += [f"--{name.replace('_', '-')}", str(value)]
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
-        return cls(proc)
-
-    async def expect(self, event: str, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no {event!r} from the {self.proc.pid} child in {timeout}s")
-            line = await asyncio.wait_for(self.proc.stdout.readline(), remaining)
-            if not line:
-                raise RuntimeError(f"child {self.proc.pid} exited before reporting {event!r}")
-            with contextlib.suppress(ValueError):
-                data = json.loads(line)
-                if isinstance(data, dict) and data.get("event") == event:
-                    return data
-
-    async def finish(self) -> None:
-        try:
-            await asyncio.wait_for(self.proc.wait(), 30)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
+    async def start(  # type: ignore[override]
+        cls, role: str, args: argparse.Namespace, prefix: str, **extra: Any
+    ) -> Child:
+        child = await _Child.start(
+            __file__, role, args.redis, prefix, partitions=args.partitions, **extra
+        )
+        return cls(child.proc)
 
 
 def latency_messages(args: argparse.Namespace) -> int:
@@ -431,19 +291,8 @@ def phase_timeout(args: argparse.Namespace) -> float:
 async def run_raw(args: argparse.Namespace, r: Redis, prefix: str) -> dict[str, Any]:
     keys = Keyspace(prefix, args.partitions)
     urls = entity_urls(args.entities)
-    for p in range(args.partitions):
-        await r.xgroup_create(raw_inbox(prefix, p), RAW_GROUP, id="0", mkstream=True)
-
-    def add(pipe: Any, i: int, payload: Any) -> None:
-        url = urls[i % len(urls)]
-        data = encode_event(Message(payload=payload))
-        pipe.xadd(raw_inbox(prefix, keys.partition(url)), {"u": url, "e": data})
-
-    for start in range(0, args.messages, 1000):
-        pipe = r.pipeline(transaction=False)
-        for i in range(start, min(args.messages, start + 1000)):
-            add(pipe, i, {"n": i})
-        await pipe.execute()
+    await raw_setup(r, prefix, args.partitions)
+    await raw_preload(r, keys, urls, args.messages)
 
     n_lat = latency_messages(args)
     child = await Child.start("raw", args, prefix, expect=args.messages, expect_latency=n_lat)
@@ -456,7 +305,7 @@ async def run_raw(args: argparse.Namespace, r: Redis, prefix: str) -> dict[str, 
             async def send(batch: range) -> None:
                 pipe = r.pipeline(transaction=False)
                 for i in batch:
-                    add(pipe, i, {"ts": time.time()})
+                    raw_add(pipe, keys, urls[i % len(urls)], {"ts": time.time()})
                 await pipe.execute()
 
             send_s = await paced(n_lat, args.rate, send)
@@ -526,87 +375,9 @@ async def run_wakeful(
         await rt.close()
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    try:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # total, idle+iowait
-
-
-async def background_load(seconds: float = 1.0) -> float | None:
-    """Share of all CPUs busy (with anything) during ``seconds`` before the benchmark."""
-    before = _cpu_times()
-    await asyncio.sleep(seconds)
-    after = _cpu_times()
-    if before is None or after is None or after[0] == before[0]:
-        return None
-    return 1 - (after[1] - before[1]) / (after[0] - before[0])
-
-
-def machine_info(server: dict[str, Any]) -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 0
-    hiredis_version = None
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        hiredis_version = metadata.version("hiredis")
-    from redis.utils import HIREDIS_AVAILABLE
-
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": cores,
-        "python": platform.python_version(),
-        "redis_py": redis.__version__,
-        "hiredis": hiredis_version if HIREDIS_AVAILABLE else None,
-        "msgspec": msgspec.__version__,
-        "redis_server": server.get("redis_version"),
-        "appendonly": server.get("aof_enabled"),
-    }
-
-
-def median_of(rounds: list[dict[str, Any]], *path: str) -> float:
-    values = []
-    for item in rounds:
-        for part in path:
-            item = item[part]
-        values.append(item)
-    return statistics.median(values)
-
-
-def fmt(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
-
-
 async def main_async(args: argparse.Namespace) -> int:
     r = Redis.from_url(args.redis, decode_responses=False)
-    info = await r.info("server")
-    info.update(await r.info("persistence"))
-    machine = machine_info(info)
-    machine["busy_before"] = await background_load()
-    print(
-        f"machine: {machine['platform']} | {machine['cpu']} | {machine['cores']} cores | "
-        f"Python {machine['python']} | redis-py {machine['redis_py']} "
-        f"(hiredis {machine['hiredis'] or 'NOT available'}) | msgspec {machine['msgspec']} | "
-        f"Redis {machine['redis_server']} (AOF {'on' if machine['appendonly'] else 'off'})"
-    )
-    busy = machine["busy_before"]
-    if busy is not None:
-        print(f"CPU busy before the run (other processes): {busy:.0%}")
-        if busy > 0.15:
-            print(
-                "  WARNING: the machine is not idle; producer, consumer and Redis compete with "
-                "other work, so the figures (latency most of all) are pessimistic"
-            )
+    machine = await describe_machine(r)
     n_lat = latency_messages(args)
     print(
         f"workload: {args.entities:,} entities, {args.messages:,} messages, "
@@ -616,7 +387,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{args.rounds} round(s)",
         flush=True,
     )
-    base = f"wkbench-{os.getpid()}-{secrets.token_hex(3)}"
+    base = unique_prefix("wkbench")
     rounds: list[dict[str, Any]] = []
     try:
         for n in range(args.rounds):
