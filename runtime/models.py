@@ -12,11 +12,9 @@ import copy
 import inspect
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import anthropic
 import anyio
-import httpx2
 import msgspec
 
 from .errors import WakefulError
@@ -42,6 +40,13 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _RETRYABLE_ERROR_TYPES = frozenset(
     {"rate_limit_error", "timeout_error", "api_error", "overloaded_error"}
 )
+
+
+if TYPE_CHECKING:
+    import anthropic
+
+# The SDK is imported on first use: it is large (~170k objects, about a second to
+# import), and a runtime that never talks to Claude should not pay for it.
 
 
 class ModelError(WakefulError):
@@ -148,6 +153,8 @@ class AnthropicModel:
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
             if not api_key:
                 raise ModelConfigError(f"ANTHROPIC_API_KEY is not set; needed for model {model!r}")
+            import anthropic
+
             client = anthropic.AsyncAnthropic(
                 api_key=api_key, max_retries=max_retries, timeout=timeout
             )
@@ -178,7 +185,12 @@ class AnthropicModel:
                         model=model,
                     )
                 message = await stream.get_final_message()
-        except (anthropic.APIError, httpx2.TransportError) as exc:
+        except Exception as exc:
+            import anthropic
+            import httpx2
+
+            if not isinstance(exc, anthropic.APIError | httpx2.TransportError):
+                raise
             raise _model_error(model, exc) from exc
         usage = message.usage
         return ModelResponse(
@@ -235,6 +247,9 @@ def _block_dict(block: Any) -> dict[str, Any]:
 
 
 def _model_error(model: str, exc: Exception) -> ModelError:
+    import anthropic
+    import httpx2
+
     if isinstance(exc, anthropic.APIStatusError):
         status, error_type = exc.status_code, exc.type
         detail = exc.api_message or exc.message
