@@ -1,0 +1,109 @@
+"""The ready-made tools as typed contracts (tools/typed.py), end to end, and the CLI manifest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from runtime import HandlerContext, Registry, ScriptedModel, define_agent
+from runtime.events import ToolOutcome
+from runtime.models import ModelResponse
+from tools.memory import MEMORY_COLLECTION
+from tools.typed import typed_tools
+
+pytestmark = pytest.mark.anyio
+
+
+def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+
+def step(*calls: dict[str, Any]) -> ModelResponse:
+    return ModelResponse(content=list(calls), stop_reason="tool_use")
+
+
+async def test_the_typed_ready_made_tools_work_end_to_end(cluster):
+    model = ScriptedModel(
+        [
+            step(
+                use("m1", "memory", action="set", key="color", value="blue"),
+                use("c1", "calculator", expression="2 + 3 * 4"),
+                use("c2", "calculator", expression="__import__('os')"),
+                use("s1", "send_message", url="/sink/s", text="hello"),
+                use("t1", "schedule_message", url="/sink/s", text="later", delay_seconds=0.1),
+                use("d1", "dispatch", agent="helper", task="help me"),
+            ),
+            step(
+                use("m2", "memory", action="get", key="color"), use("m3", "memory", action="list")
+            ),
+            "done",
+            "noted",  # the run the child's result wakes
+        ]
+    )
+    received: list[Any] = []
+    ids: dict[str, str] = {}
+    reg = Registry()
+
+    @reg.entity("bot", state={"kv": MEMORY_COLLECTION})
+    async def bot(ctx: HandlerContext) -> None:
+        tools = typed_tools(ctx)
+        ids.update({key: t.id for key, t in tools.items()})
+        ctx.use_agent(define_agent(name="typed", instructions=".", model=model, tools=tools))
+        await ctx.agent.run()
+
+    @reg.entity("sink")
+    async def sink(ctx: HandlerContext) -> None:
+        received.extend(m.payload for m in ctx.wake.messages)
+
+    @reg.entity("helper")
+    async def helper(ctx: HandlerContext) -> None:
+        ctx.reply("helped")
+
+    rt = await cluster.runtime(reg)
+    # ask waits for the awaited child too: the last run is the one its result woke
+    assert await rt.ask("/bot/b", "go") == "noted"
+    assert ids["memory"] == "wakeful.memory/v1" and ids["dispatch"] == "wakeful.dispatch/v1"
+    for _ in range(100):
+        if "later" in received and len(model.requests) >= 4:
+            break
+        await asyncio.sleep(0.05)
+    await rt.wait_idle("/bot/b")
+    done = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
+    assert done["m1"].details == {"output": {"action": "set", "key": "color"}}
+    assert done["c1"].details["output"]["result"] == 14
+    assert done["c1"].content[0]["text"] == "2 + 3 * 4 = 14"
+    assert done["c2"].is_error and not done["c2"].details.get("output")
+    assert done["s1"].details == {"output": {"url": "/sink/s", "after_seconds": None}}
+    child = done["d1"].details["output"]["child"]
+    assert child.startswith("/helper/helper-")
+    assert done["m2"].details["output"] == {
+        "action": "get",
+        "key": "color",
+        "found": True,
+        "value": "blue",
+    }
+    assert done["m3"].details["output"]["keys"] == ["color"]
+    assert (await rt.state("/bot/b"))["kv"] == [{"key": "color", "value": "blue"}]
+    assert received == ["hello", "later"]
+    assert "[" + child + " finished its run]\nhelped" in json.dumps(
+        model.requests[3].messages[-1]
+    ).replace("\\n", "\n")
+
+
+def test_the_cli_prints_the_manifest_with_types_and_agents():
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "manifest", "entities:registry"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    manifest = json.loads(out)
+    assert {"types", "agents"} <= set(manifest)
+    assert {t["name"] for t in manifest["types"]} >= {"assistant"}
+    assert isinstance(manifest["agents"], list)

@@ -1,0 +1,201 @@
+"""Typed versions of the ready-made tools, with stable ids (``wakeful.<name>/v1``).
+
+``typed_tools(handler_ctx)`` returns tool definitions bound to the entity awake
+in ``handler_ctx``; register them in a ``define_agent(tools=...)`` built in the
+handler. Effects made inside a call (messages, children, timers) get keys and
+ids derived from the ``tool_call_id``, so a call run again after a crash sends
+nothing twice and spawns no second child.
+
+Listing and deleting scheduled messages is not offered: the runtime has no API
+for a handler to list or cancel its pending timers yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import msgspec
+
+from runtime.context import Wake
+from runtime.contracts import ToolContext, ToolDef, define_tool
+from runtime.urls import parse_url
+
+from .calculator import Calculation, CalculationError, evaluate, format_number
+from .memory import MemoryRequest as MemoryInput
+from .memory import Note, _preview, _problem
+
+if TYPE_CHECKING:
+    from runtime.context import HandlerContext
+
+__all__ = [
+    "CalculatorOutput",
+    "DispatchInput",
+    "DispatchOutput",
+    "MemoryInput",
+    "MemoryOutput",
+    "ScheduleInput",
+    "SendInput",
+    "SentOutput",
+    "typed_tools",
+]
+
+
+class MemoryOutput(msgspec.Struct, omit_defaults=True):
+    action: Literal["get", "set", "delete", "list"]
+    key: str | None = None
+    found: bool | None = None
+    value: str | None = None
+    replaced: str | None = None
+    keys: list[str] | None = None
+
+
+class SendInput(msgspec.Struct):
+    url: Annotated[str, msgspec.Meta(description="Entity URL, /<type>/<id>")]
+    text: Annotated[str, msgspec.Meta(description="The message")]
+
+
+class SentOutput(msgspec.Struct):
+    url: str
+    after_seconds: float | None = None
+
+
+class DispatchInput(msgspec.Struct):
+    agent: Annotated[str, msgspec.Meta(description="Entity type of the agent to dispatch to")]
+    task: Annotated[str, msgspec.Meta(description="What the agent should do, self-contained")]
+
+
+class DispatchOutput(msgspec.Struct):
+    child: str
+
+
+class CalculatorOutput(msgspec.Struct):
+    expression: str
+    result: float | int
+    text: str
+
+
+class ScheduleInput(msgspec.Struct):
+    url: Annotated[
+        str, msgspec.Meta(description="Entity URL, /<type>/<id>; use your own to set a reminder")
+    ]
+    text: str
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
+
+
+def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str, ToolDef]:
+    """The ready-made tools as typed contracts, keyed by their usual names."""
+
+    async def memory(ctx: ToolContext[MemoryInput, None]) -> MemoryOutput:
+        p = ctx.input
+        problem = _problem(p)
+        if problem is not None:
+            ctx.fail(f"Invalid memory call: {problem}.")
+        rows = handler_ctx.db.collections[collection]
+        actions = handler_ctx.db.actions
+        key = (p.key or "").strip()
+        if p.action == "list":
+            return MemoryOutput("list", keys=[n.key for n in rows.to_list()])
+        current: Note | None = rows.get(key)
+        if p.action == "get":
+            found = current is not None
+            value = current.value if current is not None else None
+            return MemoryOutput("get", key=key, found=found, value=value)
+        if p.action == "delete":
+            if current is not None:
+                getattr(actions, f"{collection}_delete")(key=key)
+            return MemoryOutput("delete", key=key, found=current is not None)
+        value = p.value or ""
+        if current is None:
+            getattr(actions, f"{collection}_insert")(row=Note(key, value))
+            return MemoryOutput("set", key=key)
+
+        def replace(note: Note) -> None:
+            note.value = value
+
+        getattr(actions, f"{collection}_update")(key=key, updater=replace)
+        return MemoryOutput("set", key=key, replaced=_preview(current.value))
+
+    async def send_message(ctx: ToolContext[SendInput, None]) -> SentOutput:
+        try:
+            parse_url(ctx.input.url)
+        except Exception as exc:
+            ctx.fail(f"Invalid url {ctx.input.url!r}: {exc}")
+        await handler_ctx.send(ctx.input.url, ctx.input.text)
+        return SentOutput(ctx.input.url)
+
+    async def dispatch(ctx: ToolContext[DispatchInput, None]) -> DispatchOutput:
+        # derive_id inside a tool call digests the call's id: replays get the same child.
+        child = await handler_ctx.spawn(
+            ctx.input.agent,
+            handler_ctx.derive_id(ctx.input.agent),
+            initial_message=ctx.input.task,
+            wake=Wake.run_finished(include_response=True),
+        )
+        return DispatchOutput(child.entity_url)
+
+    async def calculator(ctx: ToolContext[Calculation, None]) -> CalculatorOutput:
+        try:
+            value = evaluate(ctx.input.expression)
+        except CalculationError as exc:
+            ctx.fail(str(exc))
+        return CalculatorOutput(ctx.input.expression, value, format_number(value))
+
+    async def schedule_message(ctx: ToolContext[ScheduleInput, None]) -> SentOutput:
+        try:
+            parse_url(ctx.input.url)
+        except Exception as exc:
+            ctx.fail(f"Invalid url {ctx.input.url!r}: {exc}")
+        await handler_ctx.send(ctx.input.url, ctx.input.text, after=ctx.input.delay_seconds)
+        return SentOutput(ctx.input.url, after_seconds=ctx.input.delay_seconds)
+
+    def dispatched(output: DispatchOutput) -> str:
+        return (
+            f"Dispatched to {output.child}. It works in the background; you will be woken "
+            "with its result when it finishes. Do not wait for it now."
+        )
+
+    def calculated(output: CalculatorOutput) -> str:
+        return f"{output.expression} = {output.text}"
+
+    tools: dict[str, Any] = {
+        "memory": define_tool(
+            id="wakeful.memory/v1",
+            description="Your long-term memory, kept across conversations and restarts: get, "
+            "set, delete or list short facts by key.",
+            input=MemoryInput,
+            output=MemoryOutput,
+            execute=memory,
+        ),
+        "send_message": define_tool(
+            id="wakeful.send_message/v1",
+            description="Send a text message to another entity.",
+            input=SendInput,
+            output=SentOutput,
+            execute=send_message,
+        ),
+        "dispatch": define_tool(
+            id="wakeful.dispatch/v1",
+            description="Hand a task to a new child agent of the given type. Returns at once; "
+            "you are woken with the child's answer when its run finishes.",
+            input=DispatchInput,
+            output=DispatchOutput,
+            execute=dispatch,
+            to_model_output=dispatched,
+        ),
+        "calculator": define_tool(
+            id="wakeful.calculator/v1",
+            description="Evaluate an arithmetic expression exactly (never guess arithmetic).",
+            input=Calculation,
+            output=CalculatorOutput,
+            execute=calculator,
+            to_model_output=calculated,
+        ),
+        "schedule_message": define_tool(
+            id="wakeful.schedule_message/v1",
+            description="Send a message later (a durable timer that survives restarts).",
+            input=ScheduleInput,
+            output=SentOutput,
+            execute=schedule_message,
+        ),
+    }
+    return tools
