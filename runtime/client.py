@@ -45,6 +45,7 @@ from .events import (
 from .history import project
 from .keys import Keyspace
 from .live import LiveRecord, decode_live
+from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, status_from_meta
@@ -79,6 +80,7 @@ class Runtime:
         self.worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._published_types: dict[str, bytes] | None = None
+        self._notices: Notices | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -93,6 +95,7 @@ class Runtime:
                 self._redis = connect(s.redis_url)
         keys = Keyspace(s.prefix, s.partitions)
         self.store = Store(self._redis, keys, idempotency_ttl_ms=s.idempotency_ttl_s * 1000)
+        self._notices = Notices(self._redis)
         await self.store.setup()
         if self._run_worker:
             self.worker = Worker(self.registry, self.store, s, capabilities=self.capabilities)
@@ -113,6 +116,8 @@ class Runtime:
             self.worker.stop()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker_task
+        if self._notices is not None:
+            await self._notices.aclose()
         if self._redis is not None:
             await self._redis.aclose()
 
@@ -401,10 +406,12 @@ class Runtime:
         """Wait until the entity is idle: every input sent so far handled, its effects
         delivered, no timers pending, and no child it awaits still running; or failed."""
         deadline = time.monotonic() + timeout
-        pubsub = self._store.redis.pubsub()
-        await pubsub.subscribe(self._store.keys.idle_channel(url))
+        channel = self._store.keys.idle_channel(url)
+        assert self._notices is not None
+        notice = await self._notices.watch(channel)
         try:
             while True:
+                notice.clear()
                 status = await self.status(url)
                 if status.status in ("idle", "failed"):
                     return status
@@ -416,11 +423,11 @@ class Runtime:
                         f"{status.awaited_children}, timers {status.timers}, undelivered "
                         f"effects {status.undelivered})"
                     )
-                await pubsub.get_message(
-                    ignore_subscribe_messages=True, timeout=min(remaining, 0.25)
-                )
+                # A notice wakes us at once; re-check now and then regardless.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(notice.wait(), min(remaining, 0.25))
         finally:
-            await pubsub.aclose()
+            await self._notices.unwatch(channel, notice)
 
     async def ask(self, url: str, text: Any, *, timeout: float = 60.0, **send_options: Any) -> str:
         """Send ``text``, wait until the entity and the children it awaits are idle,

@@ -402,3 +402,19 @@ async def test_spawning_an_existing_child_from_another_parent_subscribes_and_del
         r.event.payload async for r in rt.events("/helper/shared") if isinstance(r.event, Message)
     ]
     assert messages == ["a's task", "b's task"]
+
+
+async def test_many_concurrent_asks_share_one_notice_connection(cluster):
+    reg = Registry()
+
+    @reg.entity("echo")
+    async def echo(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.reply(f"echo {m.payload}")
+
+    rt = await cluster.runtime(reg)
+    # More waits than the connection pool's default of 100 connections.
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(rt.ask(f"/echo/e{i}", i, timeout=30) for i in range(150))), 60
+    )
+    assert answers == [f"echo {i}" for i in range(150)]
