@@ -214,6 +214,8 @@ class Agent:
         self.max_run_tokens = max_run_tokens
         self.max_output_tokens = max_output_tokens
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
+        # Set for typed agents (contracts.py): sees the errors the loop produces itself.
+        self.after_tool_result: Callable[[str, str, str], ToolResult | None] | None = None
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
@@ -353,46 +355,41 @@ class Agent:
             if call_id in outcomes:
                 continue
             if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
-                await self._outcome(
+                await self._refuse(
                     run_id,
                     call_id,
                     name,
                     "The response hit max_tokens before this call was complete, so it was not run.",
-                    True,
                 )
                 continue
             tool = self.tools.get(name)
             if tool is None:
                 known = ", ".join(sorted(self.tools)) or "none"
-                await self._outcome(
-                    run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}.", True
+                await self._refuse(
+                    run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}."
                 )
                 continue
             if call_id in intents and not tool.rerun_when_in_doubt:
-                await self._outcome(
+                await self._refuse(
                     run_id,
                     call_id,
                     name,
                     "This call was interrupted (the worker stopped while it ran) and the tool "
                     "must not be run twice, so it was not retried. Its effect is unknown.",
-                    True,
                 )
                 continue
             if not await tool.is_enabled():
-                await self._outcome(
+                await self._refuse(
                     run_id,
                     call_id,
                     name,
                     f"The tool {name!r} is disabled and cannot run now.",
-                    True,
                 )
                 continue
             try:
                 params = tool.parse(call.get("input"))
             except ValueError as exc:
-                await self._outcome(
-                    run_id, call_id, name, f"Invalid arguments for {name}: {exc}", True
-                )
+                await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
                 continue
             to_run.append((call, tool, params))
         if not to_run:
@@ -444,6 +441,18 @@ class Agent:
             )
         finally:
             CURRENT_TOOL_CALL.reset(scope)
+
+    async def _refuse(self, run_id: str, call_id: str, name: str, message: str) -> None:
+        """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
+        interrupted, cut off): an error result, unless ``after_tool_result`` turns it
+        into an output."""
+        result = self.after_tool_result(name, call_id, message) if self.after_tool_result else None
+        if result is None:
+            await self._outcome(run_id, call_id, name, message, True)
+        else:
+            await self._outcome(
+                run_id, call_id, name, result.content, result.is_error, result.details
+            )
 
     async def _outcome(
         self,

@@ -234,7 +234,7 @@ class HandlerContext:
         ``tool_concurrency``.
         """
         from .agent import Agent
-        from .contracts import AgentDef, resolve_tools
+        from .contracts import AgentDef, loop_result_hook, resolve_tools
 
         if isinstance(system_prompt, AgentDef):
             definition = system_prompt
@@ -247,6 +247,7 @@ class HandlerContext:
             )
             for tool in resolve_tools(definition, self, agent.caller):
                 agent.add_tool(tool)
+            agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
         else:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")

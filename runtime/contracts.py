@@ -192,7 +192,9 @@ def define_tool(
         if value is not None and not (
             isinstance(value, type) and issubclass(value, msgspec.Struct)
         ):
-            raise ToolContractError(f"tool {id!r}: {name} must be a msgspec Struct type, got {value!r}")
+            raise ToolContractError(
+                f"tool {id!r}: {name} must be a msgspec Struct type, got {value!r}"
+            )
     if execute is not None and not inspect.iscoroutinefunction(execute):
         raise ToolContractError(f"tool {id!r}: execute must be an async function")
     return ToolDef(
@@ -357,7 +359,9 @@ def define_agent(
 # -- resolution: an AgentDef becomes AgentTools for one wake ---------------------------
 
 
-def resolve_tools(agent: AgentDef, ctx: HandlerContext, caller: Callable[[], tuple[Any, Any]]) -> list[AgentTool]:
+def resolve_tools(
+    agent: AgentDef, ctx: HandlerContext, caller: Callable[[], tuple[Any, Any]]
+) -> list[AgentTool]:
     """The registrations of ``agent`` as loop tools, bound to this wake.
 
     ``caller()`` returns ``(identity, client_data)`` of the current run.
@@ -371,6 +375,48 @@ def resolve_tools(agent: AgentDef, ctx: HandlerContext, caller: Callable[[], tup
         return CallInfo(runtime_context, identity, client_data, ctx.entity_url, ctx.signal)
 
     return [_adapt(agent, key, reg, ctx, info, pool) for key, reg in agent.registrations().items()]
+
+
+def loop_result_hook(
+    agent: AgentDef, caller: Callable[[], tuple[Any, Any]], ctx: HandlerContext
+) -> Callable[[str, str, str], ToolResult | None] | None:
+    """``lifecycle.after_tool_result`` for the errors the loop makes itself (unknown or
+    disabled tool, bad arguments, interrupted or cut-off call), so it sees every result.
+    An error it turns into an output then goes to the registration's ``on_output``."""
+    hook = agent.lifecycle.after_tool_result if agent.lifecycle else None
+    if hook is None:
+        return None
+    registrations = agent.registrations()
+
+    def apply(name: str, call_id: str, message: str) -> ToolResult | None:
+        outcome = hook(ToolOutcomeInfo(name=name, tool_call_id=call_id, error=message))
+        if outcome is None or outcome.error is not None:
+            error = outcome.error if outcome is not None else message
+            data = outcome.error_data if outcome is not None else None
+            return ToolResult(
+                error, details={"error": error, "data": msgspec.to_builtins(data)}, is_error=True
+            )
+        reg = registrations.get(name)
+        if reg is not None and reg.on_output is not None:
+            identity, client_data = caller()
+            runtime_context = agent.runtime_context(identity) if agent.runtime_context else None
+            reg.on_output(
+                OutputInfo(
+                    runtime_context,
+                    identity,
+                    client_data,
+                    ctx.entity_url,
+                    ctx.signal,
+                    input=None,
+                    output=outcome.output,
+                    registration=name,
+                    tool_call_id=call_id,
+                )
+            )
+        stored = msgspec.to_builtins(outcome.output)
+        return ToolResult(json.dumps(stored, ensure_ascii=False), details={"output": stored})
+
+    return apply
 
 
 def _adapt(
@@ -403,7 +449,9 @@ def _adapt(
         else:
             tool_context = call.runtime_context
         resources = {name: await pool.get(name) for name in sorted(definition.capabilities)}
-        tool_ctx = ToolContext(params, tool_context, signal, call_id, Capabilities(resources), on_update)
+        tool_ctx = ToolContext(
+            params, tool_context, signal, call_id, Capabilities(resources), on_update
+        )
         outcome = ToolOutcomeInfo(name=key, tool_call_id=call_id)
         try:
             outcome.output = await definition.execute(tool_ctx)

@@ -662,3 +662,44 @@ async def test_a_tool_using_an_unbound_capability_is_rejected_at_resolution(clus
     assert "ToolContractError" in (failed.value.error or "")
     assert "['sandbox']" in (failed.value.error or "")
     assert model.requests == []
+
+
+async def test_after_tool_result_also_sees_the_errors_the_loop_makes(cluster):
+    """An unknown tool's error passes through the lifecycle hook, which may turn it into
+    an output (and then the model sees the output, not an error)."""
+    seen: list[tuple[str, str | None]] = []
+
+    def after(info: ToolOutcomeInfo) -> ToolOutcomeInfo:
+        seen.append((info.name, info.error))
+        if info.name == "ghost":
+            return ToolOutcomeInfo(name=info.name, tool_call_id=info.tool_call_id, output={"ok": 1})
+        return info
+
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                content=[{"type": "tool_use", "id": "g1", "name": "ghost", "input": {}}],
+                stop_reason="tool_use",
+            ),
+            "fine",
+        ]
+    )
+    agent = define_agent(
+        name="loop-errors",
+        instructions="",
+        model=model,
+        lifecycle=Lifecycle(after_tool_result=after),
+    )
+    reg = Registry()
+
+    @reg.entity("bot")
+    async def bot(ctx: HandlerContext) -> None:
+        ctx.use_agent(agent)
+        await ctx.agent.run()
+
+    rt = await cluster.runtime(reg)
+    assert await rt.ask("/bot/b", "go", timeout=10) == "fine"
+    assert seen and seen[0][0] == "ghost" and "Unknown tool 'ghost'" in (seen[0][1] or "")
+    result = model.requests[1].messages[-1]["content"][0]
+    assert result["tool_use_id"] == "g1" and not result.get("is_error")
+    assert result["content"][0]["text"] == '{"ok": 1}'
