@@ -17,7 +17,9 @@ from redis.asyncio.connection import Connection
 class HiredisPackingConnection(Connection):
     def pack_command(self, *args: Any) -> list[bytes]:
         name = args[0]
-        if (isinstance(name, str) and " " in name) or (isinstance(name, bytes) and b" " in name):  # e.g. "CONFIG GET": separate words
+        if (isinstance(name, str) and " " in name) or (
+            isinstance(name, bytes) and b" " in name
+        ):  # e.g. "CONFIG GET": separate words
             args = (*name.split(), *args[1:])
         return [hiredis.pack_command(args)]
 
@@ -25,5 +27,7 @@ class HiredisPackingConnection(Connection):
 def connect(url: str) -> Redis:
     """A client for ``url``; ``redis://`` URLs pack commands with hiredis."""
     if url.startswith("redis://"):
-        return Redis.from_url(url, decode_responses=False, connection_class=HiredisPackingConnection)
+        return Redis.from_url(
+            url, decode_responses=False, connection_class=HiredisPackingConnection
+        )
     return Redis.from_url(url, decode_responses=False)

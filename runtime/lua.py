@@ -91,7 +91,9 @@ return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'FENCED'} | {'GONE'}
-COMMIT = _ID_GT + """
+COMMIT = (
+    _ID_GT
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
 local ne, na, nf, nt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -153,6 +155,7 @@ end
 if changed then redis.call('PUBLISH', ARGV[8], ARGV[3]) end
 return out
 """
+)
 
 # KEYS: lease, timers, timerdata, meta, log, inbox
 # ARGV: token, member, url, created

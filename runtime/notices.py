@@ -58,7 +58,9 @@ class Notices:
     async def _read(self) -> None:
         while self._waiters:
             try:
-                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                message = await self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=1.0
+                )
             except Exception as exc:  # waiters fall back to re-checking the status
                 log.warning("idle notices interrupted: %s", exc)
                 await asyncio.sleep(0.1)

@@ -269,9 +269,7 @@ class Actions:
     def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
         self._state = state
         self._specs = specs
-        self._decoders = {
-            name: row_decoder(spec.row) for name, spec in specs.items() if spec.row
-        }
+        self._decoders = {name: row_decoder(spec.row) for name, spec in specs.items() if spec.row}
         self.pending: list[tuple[str | None, Op]] = []  # (tool call, op); see scope.py
 
     def __getattr__(self, attr: str) -> Callable[..., Any]:
