@@ -26,7 +26,7 @@ from .events import (
     Subscription,
 )
 from .state import ChildInfo, Database
-from .status import EntityStatus
+from .status import EntityStatus, Schedule
 from .urls import entity_url, parse_url
 
 if TYPE_CHECKING:
@@ -402,6 +402,18 @@ class HandlerContext:
             )
         )
         return EntityHandle(self, url)
+
+    async def schedules(self) -> list[Schedule]:
+        """This entity's pending timers (``send(..., after=...)``), soonest first.
+
+        A timer set in this wake is listed once the wake has committed it."""
+        act = self._activation
+        return await self._services.schedules(self.entity_url, act.created)
+
+    async def cancel_schedule(self, schedule_id: str) -> bool:
+        """Cancel a pending timer; False if it already fired or was cancelled."""
+        act = self._activation
+        return await self._services.cancel_schedule(self.entity_url, act.created, schedule_id)
 
     async def observe(self, url: str, *, wake: Subscription) -> None:
         """Subscribe to another entity: ``Wake.change(...)`` or ``Wake.run_finished()``."""

@@ -174,6 +174,16 @@ if redis.call('HSETNX', KEYS[4], 'woke', '1') == 1 then redis.call('XADD', KEYS[
 return 1
 """
 
+# KEYS: lease, timers, timerdata, meta     ARGV: token, member
+# -> 1 cancelled | 0 no such timer (fired or cancelled already) | -1 fenced
+CANCEL_TIMER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('HINCRBY', KEYS[4], 'timers', -1)
+return 1
+"""
+
 # KEYS: lease, log, meta, snap, typeset, inbox
 # ARGV: token, created, url, group, channel, ack ids...   -> 1 deleted | 0 gone | -1 fenced
 DELETE = """

@@ -72,3 +72,13 @@ def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
         timers=timers,
         undelivered=undelivered,
     )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pending durable timer: ``payload`` is sent to ``target`` at ``due_ms`` (epoch ms)."""
+
+    id: str
+    target: str
+    payload: Any
+    due_ms: int

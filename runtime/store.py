@@ -38,7 +38,8 @@ RELEASE = Script(lua.RELEASE)
 HEARTBEAT = Script(lua.HEARTBEAT)
 FIRE = Script(lua.FIRE)
 DELETE = Script(lua.DELETE)
-ALL_SCRIPTS = (SEND, LOAD, COMMIT, FIRE, DELETE, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
+CANCEL_TIMER = Script(lua.CANCEL_TIMER)
+ALL_SCRIPTS = (SEND, LOAD, COMMIT, FIRE, DELETE, CANCEL_TIMER, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
 
 
 class TargetMissingError(Exception):
@@ -325,6 +326,38 @@ class Store:
         replies = await pipe.execute()
         dues = [int(score) for reply in replies for _, score in reply]
         return min(dues) if dues else None
+
+    async def timers_of(self, url: str, created: str) -> list[tuple[str, int, bytes]]:
+        """Pending timers of one incarnation of ``url``: (member, due ms, data)."""
+        k = self.keys
+        p = k.partition(url)
+        # Urls and stream ids contain no glob characters (see urls.py).
+        pattern = f"{url}|{created}|*"
+        found: list[tuple[str, int]] = []
+        async for member, score in self.redis.zscan_iter(k.timers(p), match=pattern, count=500):
+            found.append((_s(member), int(score)))
+        if not found:
+            return []
+        data = await self.redis.hmget(k.timerdata(p), [m for m, _ in found])
+        return sorted(
+            ((m, due, d) for (m, due), d in zip(found, data, strict=True) if d is not None),
+            key=lambda t: t[1],
+        )
+
+    async def cancel_timer(self, url: str, token: str, member: str) -> bool:
+        """Fenced: remove a pending timer of ``url``; False if it fired or is gone."""
+        k = self.keys
+        p = k.partition(url)
+        reply = int(
+            await self._run(
+                CANCEL_TIMER,
+                [k.lease(p), k.timers(p), k.timerdata(p), k.meta(url)],
+                [token, member],
+            )
+        )
+        if reply == -1:
+            raise FencedError(f"cancelling a timer of {url} refused: lease {token} is lost")
+        return reply == 1
 
     async def fire_timer(self, partition: int, token: str, member: str) -> int:
         url, created, _ = member.split("|", 2)

@@ -67,6 +67,7 @@ from .events import (
     Subscribed,
     TimerFired,
     decode_entry,
+    decode_event,
     encode_event,
     pack,
     unpack,
@@ -75,7 +76,7 @@ from .live import LivePublisher
 from .registry import EntityType, Registry
 from .scope import CURRENT_TOOL_CALL
 from .state import Database, EntityState
-from .status import EntityStatus, status_from_meta
+from .status import EntityStatus, Schedule, status_from_meta
 from .store import EntityGoneError, Loaded, Pointer, Store, TargetMissingError
 from .streamids import ZERO, id_gt, max_id
 from .urls import parse_url
@@ -945,6 +946,20 @@ class Worker:
         if not meta:
             raise EntityNotFoundError(url)
         return status_from_meta(url, meta)
+
+    async def schedules(self, url: str, created: str) -> list[Schedule]:
+        out = []
+        for member, due_ms, data in await self.store.timers_of(url, created):
+            event = decode_event(data, url=url)
+            for effect in getattr(event, "effects", []):
+                out.append(Schedule(member.split("|", 2)[2], effect.target, effect.payload, due_ms))
+        return out
+
+    async def cancel_schedule(self, url: str, created: str, schedule_id: str) -> bool:
+        token = self._token(self.store.keys.partition(url))
+        if token is None:
+            raise FencedError(f"the lease of {url}'s partition is lost")
+        return await self.store.cancel_timer(url, token, f"{url}|{created}|{schedule_id}")
 
     def capabilities_for(self, url: str) -> CapabilityPool:
         pool = self._pools.get(url)

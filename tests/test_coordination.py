@@ -418,3 +418,33 @@ async def test_many_concurrent_asks_share_one_notice_connection(cluster):
         asyncio.gather(*(rt.ask(f"/echo/e{i}", i, timeout=30) for i in range(150))), 60
     )
     assert answers == [f"echo {i}" for i in range(150)]
+
+
+async def test_a_handler_lists_and_cancels_its_timers(cluster):
+    reg = Registry()
+    listed: list[list[tuple[str, object]]] = []
+    cancelled: list[bool] = []
+
+    @reg.entity("planner", state={"rings": Collection(row=Row)})
+    async def planner(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "plan":
+                await ctx.send(ctx.entity_url, "ring a", after=30)
+                await ctx.send("/planner/other", "ring b", after=60)
+            elif m.payload == "review":
+                schedules = await ctx.schedules()
+                listed.append([(s.target, s.payload) for s in schedules])
+                cancelled.append(await ctx.cancel_schedule(schedules[0].id))
+                cancelled.append(await ctx.cancel_schedule(schedules[0].id))  # already gone
+
+    rt = await cluster.runtime(reg)
+    await rt.send("/planner/p", "plan")
+    await _until(lambda: _has_timers(rt, "/planner/p", 2))
+    await rt.send("/planner/p", "review")
+    await _until(lambda: _has_timers(rt, "/planner/p", 1))
+    assert listed == [[("/planner/p", "ring a"), ("/planner/other", "ring b")]]
+    assert cancelled == [True, False]
+
+
+async def _has_timers(rt, url: str, n: int) -> bool:
+    return (await rt.status(url)).timers == n

@@ -107,3 +107,50 @@ def test_the_cli_prints_the_manifest_with_types_and_agents():
     assert {"types", "agents"} <= set(manifest)
     assert {t["name"] for t in manifest["types"]} >= {"assistant"}
     assert isinstance(manifest["agents"], list)
+
+
+async def test_schedule_tools_list_and_cancel_pending_messages(cluster):
+    def respond(request: Any) -> ModelResponse | str:
+        steps = sum(1 for m in request.messages if m["role"] == "assistant")
+        if steps == 0:
+            return step(
+                use("t1", "schedule_message", url="/bot/b", text="in a minute", delay_seconds=60),
+                use("t2", "schedule_message", url="/bot/b", text="in two", delay_seconds=120),
+            )
+        if steps == 1:
+            return step(use("l1", "list_schedules"))
+        if steps == 2:
+            listed = json.loads(request.messages[-1]["content"][0]["content"][0]["text"])
+            first = listed["schedules"][0]["id"]
+            return step(
+                use("x1", "cancel_schedule", id=first), use("x2", "cancel_schedule", id=first)
+            )
+        return "done"
+
+    reg = Registry()
+
+    @reg.entity("bot", state={"kv": MEMORY_COLLECTION})
+    async def bot(ctx: HandlerContext) -> None:
+        agent = define_agent(
+            name="s", instructions=".", model=ScriptedModel(respond), tools=typed_tools(ctx)
+        )
+        ctx.use_agent(agent)
+        await ctx.agent.run()
+
+    rt = await cluster.runtime(reg)
+    await rt.send("/bot/b", "plan")
+    done: dict[str, ToolOutcome] = {}
+    for _ in range(300):  # wait_idle would wait for the remaining timer too
+        done = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
+        if "x2" in done:
+            break
+        await asyncio.sleep(0.02)
+    schedules = done["l1"].details["output"]["schedules"]
+    assert [(s["url"], s["text"]) for s in schedules] == [
+        ("/bot/b", "in a minute"),
+        ("/bot/b", "in two"),
+    ]
+    assert 0 < schedules[0]["due_in_seconds"] <= 60
+    assert done["x1"].details == {"output": {"id": schedules[0]["id"], "cancelled": True}}
+    assert done["x2"].is_error and "No pending schedule" in done["x2"].content[0]["text"]
+    assert (await rt.status("/bot/b")).timers == 1

@@ -5,13 +5,11 @@ in ``handler_ctx``; register them in a ``define_agent(tools=...)`` built in the
 handler. Effects made inside a call (messages, children, timers) get keys and
 ids derived from the ``tool_call_id``, so a call run again after a crash sends
 nothing twice and spawns no second child.
-
-Listing and deleting scheduled messages is not offered: the runtime has no API
-for a handler to list or cancel its pending timers yet.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
@@ -82,6 +80,30 @@ class ScheduleInput(msgspec.Struct):
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
 
 
+class NoInput(msgspec.Struct):
+    pass
+
+
+class ScheduledItem(msgspec.Struct):
+    id: str
+    url: str
+    text: Any
+    due_in_seconds: float
+
+
+class ScheduleList(msgspec.Struct):
+    schedules: list[ScheduledItem]
+
+
+class CancelInput(msgspec.Struct):
+    id: Annotated[str, msgspec.Meta(description="A schedule id from list_schedules")]
+
+
+class CancelOutput(msgspec.Struct):
+    id: str
+    cancelled: bool
+
+
 def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str, ToolDef]:
     """The ready-made tools as typed contracts, keyed by their usual names."""
 
@@ -148,6 +170,22 @@ def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str
         await handler_ctx.send(ctx.input.url, ctx.input.text, after=ctx.input.delay_seconds)
         return SentOutput(ctx.input.url, after_seconds=ctx.input.delay_seconds)
 
+    async def list_schedules(ctx: ToolContext[NoInput, None]) -> ScheduleList:
+        now_ms = time.time() * 1000
+        return ScheduleList(
+            [
+                ScheduledItem(
+                    s.id, s.target, s.payload, round(max(0.0, s.due_ms - now_ms) / 1000, 1)
+                )
+                for s in await handler_ctx.schedules()
+            ]
+        )
+
+    async def cancel_schedule(ctx: ToolContext[CancelInput, None]) -> CancelOutput:
+        if not await handler_ctx.cancel_schedule(ctx.input.id):
+            ctx.fail(f"No pending schedule {ctx.input.id!r} (it fired, or was cancelled).")
+        return CancelOutput(ctx.input.id, True)
+
     def dispatched(output: DispatchOutput) -> str:
         return (
             f"Dispatched to {output.child}. It works in the background; you will be woken "
@@ -196,6 +234,20 @@ def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str
             input=ScheduleInput,
             output=SentOutput,
             execute=schedule_message,
+        ),
+        "list_schedules": define_tool(
+            id="wakeful.list_schedules/v1",
+            description="List your pending scheduled messages (id, url, text, seconds left).",
+            input=NoInput,
+            output=ScheduleList,
+            execute=list_schedules,
+        ),
+        "cancel_schedule": define_tool(
+            id="wakeful.cancel_schedule/v1",
+            description="Cancel a pending scheduled message by its id.",
+            input=CancelInput,
+            output=CancelOutput,
+            execute=cancel_schedule,
         ),
     }
     return tools
