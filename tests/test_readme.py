@@ -33,6 +33,19 @@ def test_readme_agent_example_defines_a_working_tool():
     assert (result.content, result.details) == ("Sunny in Oslo", {"temp_c": 21})
 
 
+def test_readme_typed_contract_example_defines_an_agent(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test")  # the example names a claude model
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### Typed tool contracts\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    manifest = namespace["analyst"].manifest()
+    assert manifest["runtime_context"] == "Tenant"
+    assert [(t["key"], t["id"], t["enabled"]) for t in manifest["tools"]] == [
+        ("sql", "acme.sql/v1", "resolver")
+    ]
+
+
 def test_demo_runs_on_the_embedded_default():
     out = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "demo"],
