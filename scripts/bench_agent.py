@@ -55,10 +55,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import io
 import json
-import os
-import pstats
 import statistics
 import sys
 import time
@@ -67,6 +64,7 @@ from typing import Any
 from benchlib import (
     STARTUP_TIMEOUT_S,
     Child,
+    add_redis_argument,
     code_version,
     counting_redis,
     delete_prefix,
@@ -74,6 +72,7 @@ from benchlib import (
     emit,
     fmt,
     percentiles,
+    print_profile,
     raw_consume,
     run_raw_throughput,
     unique_prefix,
@@ -525,11 +524,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     )
     if args.profile_worker:
-        stream = io.StringIO()
-        stats = pstats.Stats(args.profile_worker, stream=stream)
-        stats.sort_stats("tottime").print_stats(30)
-        stats.sort_stats("cumulative").print_stats(50)
-        print(stream.getvalue(), file=sys.stderr)
+        print_profile(args.profile_worker, 50)
     return 0
 
 
@@ -538,9 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Wakeful agent-loop overhead per step next to a raw redis-py loop.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    )
+    add_redis_argument(parser)
     parser.add_argument("--entities", type=int, default=200, help="throughput phase")
     parser.add_argument("--runs", type=int, default=5, help="runs per entity, throughput phase")
     parser.add_argument(

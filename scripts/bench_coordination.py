@@ -73,10 +73,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import io
 import json
-import os
-import pstats
 import statistics
 import sys
 import time
@@ -87,6 +84,7 @@ from benchlib import (
     RAW_GROUP,
     STARTUP_TIMEOUT_S,
     Child,
+    add_redis_argument,
     code_version,
     counting_redis,
     delete_prefix,
@@ -94,6 +92,7 @@ from benchlib import (
     emit,
     fmt,
     percentiles,
+    print_profile,
     unique_prefix,
 )
 from redis.asyncio import Redis
@@ -588,11 +587,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     )
     if args.profile_worker:
-        stream = io.StringIO()
-        stats = pstats.Stats(args.profile_worker, stream=stream)
-        stats.sort_stats("tottime").print_stats(30)
-        stats.sort_stats("cumulative").print_stats(40)
-        print(stream.getvalue(), file=sys.stderr)
+        print_profile(args.profile_worker, 40)
     return 0
 
 
@@ -601,9 +596,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Wakeful parent/child round trip and fan-out next to a raw redis-py relay.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    )
+    add_redis_argument(parser)
     parser.add_argument("--roundtrips", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured round trips first")
     parser.add_argument("--children", type=int, default=1000, help="fan-out size")

@@ -60,10 +60,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import io
 import json
-import os
-import pstats
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -71,12 +68,14 @@ from typing import Any
 
 from benchlib import (
     STARTUP_TIMEOUT_S,
+    add_redis_argument,
     delete_prefix,
     describe_machine,
     emit,
     fmt,
     median_of,
     percentiles,
+    print_profile,
     raw_add,
     raw_consume,
     raw_preload,
@@ -570,11 +569,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     )
     if args.profile_worker:
-        stream = io.StringIO()
-        stats = pstats.Stats(args.profile_worker, stream=stream)
-        stats.sort_stats("tottime").print_stats(30)
-        stats.sort_stats("cumulative").print_stats(40)
-        print(stream.getvalue(), file=sys.stderr)
+        print_profile(args.profile_worker, 40)
     return 0
 
 
@@ -583,9 +578,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Wakeful wake throughput and latency next to a raw redis-py loop.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    )
+    add_redis_argument(parser)
     parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--partitions", type=int, default=16)

@@ -444,3 +444,21 @@ async def run_raw_throughput(
     tp["msgs_per_s"] = tp["messages"] / tp["seconds"]
     tp["cpu_us_per_msg"] = tp["cpu_s"] / tp["messages"] * 1e6
     return tp
+
+
+def print_profile(path: str, top_cumulative: int = 40) -> None:
+    """Print a worker's cProfile dump to stderr: the top functions by own time and cumulative."""
+    import io
+    import pstats
+
+    stream = io.StringIO()
+    stats = pstats.Stats(path, stream=stream)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(top_cumulative)
+    print(stream.getvalue(), file=sys.stderr)
+
+
+def add_redis_argument(parser: Any) -> None:
+    parser.add_argument(
+        "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    )
