@@ -83,6 +83,7 @@ class Activation:
         self.wake_id = inputs[0].id if inputs else "0-0"
         self.limit = max_event_bytes
         self._counters: dict[str, int] = {}
+        self.derived: set[str] = set()  # ids from derive_id: no other entity can have made them
         self._commits = 0
         # Buffered until the next commit point, with the tool call that made them.
         self._events: list[tuple[str | None, Event]] = []
@@ -118,7 +119,9 @@ class Activation:
         the same id."""
         scope, n = self._scope()
         digest = hashlib.blake2s(f"{self.url}|{scope}|{n}".encode(), digest_size=8).hexdigest()
-        return f"{prefix}-{digest}"
+        derived = f"{prefix}-{digest}"
+        self.derived.add(derived)
+        return derived
 
     # -- runs --------------------------------------------------------------------
 

@@ -379,6 +379,10 @@ class HandlerContext:
         known = self._activation.state.system.children.get(url)
         if known is not None:
             existing_args: Any = known.args
+        elif entity_id in self._activation.derived:
+            # Derived from this wake: only a replay of it can have made this child (with
+            # these args), so skip the lookup; delivery still reports a conflict.
+            existing_args = clean_args
         else:
             try:
                 existing_args = (await self._services.status(url)).args
