@@ -39,37 +39,28 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .activation import INPUT, OUTBOX, PLAIN, Activation, CommitBatch
+from .activation import INPUT, PLAIN, Activation, CommitBatch
 from .agent import WakeInterrupted
 from .config import Settings
 from .context import CancelSignal, HandlerContext, WakeInfo
 from .contracts import Capability, CapabilityPool
+from .delivery import Delivery
 from .errors import (
-    ArgsConflictError,
     EntityNotFoundError,
     EventDecodeError,
     FencedError,
     UnknownEntityTypeError,
-    WakefulError,
 )
 from .events import (
     CancelRequested,
-    Created,
     DeleteRequested,
-    DeliveryFailed,
-    Effect,
     EntityFailed,
     Event,
     HandlerFailed,
     LogRecord,
-    Message,
-    Outbox,
-    Subscribed,
-    TimerFired,
     decode_entry,
     decode_event,
     encode_event,
-    pack,
     unpack,
 )
 from .live import LivePublisher
@@ -77,7 +68,7 @@ from .registry import EntityType, Registry
 from .scope import CURRENT_TOOL_CALL
 from .state import Database, EntityState
 from .status import EntityStatus, Schedule, status_from_meta
-from .store import EntityGoneError, Loaded, Pointer, Store, TargetMissingError
+from .store import EntityGoneError, Loaded, Pointer, Store
 from .streamids import ZERO, id_gt, max_id
 from .urls import parse_url
 
@@ -180,6 +171,7 @@ class Worker:
             "commits_fenced": 0,
             "effects_delivered": 0,
         }
+        self.delivery = Delivery(store, self._fault, self.stats)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -487,7 +479,7 @@ class Worker:
 
         out_done = _text(meta, "out_done") or ZERO
         if id_gt(_text(meta, "out_last") or ZERO, out_done):
-            await self._deliver_pending(url, token, created, out_done)
+            await self.delivery.pending(url, token, created, out_done)
 
         if meta.get("status") == b"failed" or not (inputs or undecodable):
             # Parked, or every input was already handled by an earlier wake.
@@ -600,7 +592,7 @@ class Worker:
                 )
                 _note_applied(state, batch.events, ids)
                 self._fault("flush:after-commit")
-                await self._deliver_after_commit(url, token, created, batch, ids)
+                await self.delivery.after_commit(url, token, created, batch, ids)
 
         runner.signal = signal = CancelSignal()
         live = LivePublisher(self.store.append_live, url)
@@ -670,7 +662,7 @@ class Worker:
         self._fault("wake:after-commit")
         self._remember(url, state, pos, created, since)
         self._untrack(partition, entries)
-        await self._deliver_after_commit(url, token, created, batch, ids)
+        await self.delivery.after_commit(url, token, created, batch, ids)
 
     async def _handler_failed(
         self,
@@ -741,7 +733,7 @@ class Worker:
         )
         self._untrack(self.store.keys.partition(url), entries)
         offset = 1 if failure else 0
-        await self._deliver_after_commit(url, token, created, batch, ids[offset:])
+        await self.delivery.after_commit(url, token, created, batch, ids[offset:])
 
     async def _delete(
         self,
@@ -760,126 +752,15 @@ class Worker:
         if batch:
             ids = await self.store.commit(url, token, events=batch.events, created=created)
             if batch.outbox is not None:
-                await self._deliver(url, batch.outbox.effects)  # must land before the log goes
+                await self.delivery.deliver(
+                    url, batch.outbox.effects
+                )  # must land before the log goes
                 await self.store.commit(url, token, fields={"out_done": ids[-1]}, created=created)
         self._cache.pop(url, None)
         await self._release_capabilities(url)
         await self.store.delete(url, token, created, entries)
         self._untrack(self.store.keys.partition(url), entries)
         log.info("entity %s deleted", url)
-
-    # -- delivery of effects -------------------------------------------------------
-
-    async def _deliver_after_commit(
-        self, url: str, token: str, created: str, batch: CommitBatch, ids: list[str]
-    ) -> None:
-        """Deliver the outbox a commit just wrote. If this fails, the wake pointer the
-        commit added makes the next activation (here or on another worker) retry."""
-        if batch.outbox is None:
-            return
-        outbox_id = next(
-            i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
-        )
-        try:
-            failures = await self._deliver(url, batch.outbox.effects)
-            self._fault("deliver:before-mark")
-            await self._mark_delivered(url, token, created, outbox_id, failures)
-        except (FencedError, EntityGoneError, *_TRANSIENT) as exc:
-            log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
-
-    async def _deliver_pending(self, url: str, token: str, created: str, out_done: str) -> None:
-        """Deliver every outbox after ``out_done``, in order (after a crash or a fired timer)."""
-        position = out_done
-        while True:
-            entries = await self.store.read_log(url, position, count=500)
-            if not entries:
-                return
-            for entry_id, fields in entries:
-                position = entry_id
-                try:
-                    event = decode_entry(entry_id, fields, url).event
-                except EventDecodeError:
-                    continue
-                if isinstance(event, Outbox | TimerFired):
-                    failures = await self._deliver(url, event.effects)
-                    self._fault("deliver:before-mark")
-                    await self._mark_delivered(url, token, created, entry_id, failures)
-
-    async def _mark_delivered(
-        self, url: str, token: str, created: str, outbox_id: str, failures: list[DeliveryFailed]
-    ) -> None:
-        await self.store.commit(
-            url,
-            token,
-            events=[(INPUT, encode_event(f, limit=1 << 30)) for f in failures],
-            fields={"out_done": outbox_id},
-            created=created,
-        )
-
-    async def _deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
-        """Deliver effects: targets concurrently, each target's effects in order."""
-        by_target: dict[str, list[Effect]] = {}
-        for effect in effects:
-            by_target.setdefault(effect.target, []).append(effect)
-        failures: list[DeliveryFailed] = []
-
-        async def deliver_to(target_effects: list[Effect]) -> None:
-            for effect in target_effects:
-                try:
-                    await self._deliver_one(sender, effect)
-                except (ArgsConflictError, TargetMissingError, WakefulError) as exc:
-                    if effect.kind in ("spawn", "send", "subscribe"):
-                        failures.append(
-                            DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc))
-                        )
-                    else:  # a notice for an entity that no longer exists
-                        log.info(
-                            "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
-                        )
-
-        await asyncio.gather(*(deliver_to(group) for group in by_target.values()))
-        self.stats["effects_delivered"] += len(effects)
-        return failures
-
-    async def _deliver_one(self, sender: str, effect: Effect) -> None:
-        target_type = effect.target.split("/")[1]
-        created = encode_event(Created(type=target_type, parent=None), limit=1 << 30)
-        events: list[tuple[str, bytes]] = []
-        args = b""
-        parent = ""
-        mode = "existing"
-        if effect.kind == "spawn":
-            mode, parent, args = "create", sender, pack(effect.args)
-            created = encode_event(
-                Created(type=target_type, args=effect.args, parent=sender), limit=1 << 30
-            )
-            if effect.subscribe is not None:
-                events.append(
-                    (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
-                )
-        elif effect.kind == "subscribe":
-            assert effect.subscribe is not None
-            events.append(
-                (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
-            )
-        elif effect.kind == "send":
-            mode = "send"
-        elif effect.notice is not None:  # notify, cancel
-            events.append((INPUT, encode_event(effect.notice, limit=1 << 30)))
-        if effect.has_payload:
-            message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
-            events.append((INPUT, encode_event(message, limit=1 << 30)))
-        await self.store.append_input(
-            effect.target,
-            target_type,
-            created=created,
-            events=events,
-            args=args,
-            parent=parent,
-            mode=mode,
-            idempotency_key=effect.key,
-        )
-        self._fault(f"deliver:after-{effect.kind}")
 
     # -- timers --------------------------------------------------------------------
 

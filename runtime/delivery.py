@@ -1,0 +1,155 @@
+"""Delivering an entity's outbox: its effects, to their targets, exactly once.
+
+Effects are committed first (an ``outbox`` event, or a ``timer_fired`` event
+when a timer comes due), then delivered here, each with the SEND script on the
+target's partition and the effect's idempotency key, and finally recorded as
+delivered (``meta.out_done``). A crash anywhere in between leaves the entity's
+wake pointer pending, and the next activation calls :meth:`Delivery.pending`,
+which delivers again; the keys make the repeats no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
+from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
+from .events import (
+    Created,
+    DeliveryFailed,
+    Effect,
+    Message,
+    Outbox,
+    Subscribed,
+    TimerFired,
+    decode_entry,
+    encode_event,
+    pack,
+)
+from .store import EntityGoneError, Store, TargetMissingError
+
+log = logging.getLogger("wakeful.delivery")
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class Delivery:
+    def __init__(self, store: Store, fault: Callable[[str], None], stats: dict[str, int]) -> None:
+        self.store = store
+        self._fault = fault
+        self.stats = stats
+
+    async def after_commit(
+        self, url: str, token: str, created: str, batch: CommitBatch, ids: list[str]
+    ) -> None:
+        """Deliver the outbox a commit just wrote. If this fails, the wake pointer the
+        commit added makes the next activation (here or on another worker) retry."""
+        if batch.outbox is None:
+            return
+        outbox_id = next(
+            i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
+        )
+        try:
+            failures = await self.deliver(url, batch.outbox.effects)
+            self._fault("deliver:before-mark")
+            await self._mark(url, token, created, outbox_id, failures)
+        except (FencedError, EntityGoneError, *_TRANSIENT) as exc:
+            log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
+
+    async def pending(self, url: str, token: str, created: str, out_done: str) -> None:
+        """Deliver every outbox after ``out_done``, in order (after a crash or a fired timer)."""
+        position = out_done
+        while True:
+            entries = await self.store.read_log(url, position, count=500)
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                position = entry_id
+                try:
+                    event = decode_entry(entry_id, fields, url).event
+                except EventDecodeError:
+                    continue
+                if isinstance(event, Outbox | TimerFired):
+                    failures = await self.deliver(url, event.effects)
+                    self._fault("deliver:before-mark")
+                    await self._mark(url, token, created, entry_id, failures)
+
+    async def _mark(
+        self, url: str, token: str, created: str, outbox_id: str, failures: list[DeliveryFailed]
+    ) -> None:
+        await self.store.commit(
+            url,
+            token,
+            events=[(INPUT, encode_event(f, limit=1 << 30)) for f in failures],
+            fields={"out_done": outbox_id},
+            created=created,
+        )
+
+    async def deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
+        """Deliver effects: targets concurrently, each target's effects in order."""
+        by_target: dict[str, list[Effect]] = {}
+        for effect in effects:
+            by_target.setdefault(effect.target, []).append(effect)
+        failures: list[DeliveryFailed] = []
+
+        async def deliver_to(target_effects: list[Effect]) -> None:
+            for effect in target_effects:
+                try:
+                    await self._one(sender, effect)
+                except (ArgsConflictError, TargetMissingError, WakefulError) as exc:
+                    if effect.kind in ("spawn", "send", "subscribe"):
+                        failures.append(
+                            DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc))
+                        )
+                    else:  # a notice for an entity that no longer exists
+                        log.info(
+                            "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
+                        )
+
+        await asyncio.gather(*(deliver_to(group) for group in by_target.values()))
+        self.stats["effects_delivered"] += len(effects)
+        return failures
+
+    async def _one(self, sender: str, effect: Effect) -> None:
+        target_type = effect.target.split("/")[1]
+        created = encode_event(Created(type=target_type, parent=None), limit=1 << 30)
+        events: list[tuple[str, bytes]] = []
+        args = b""
+        parent = ""
+        mode = "existing"
+        if effect.kind == "spawn":
+            mode, parent, args = "create", sender, pack(effect.args)
+            created = encode_event(
+                Created(type=target_type, args=effect.args, parent=sender), limit=1 << 30
+            )
+            if effect.subscribe is not None:
+                events.append(
+                    (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
+                )
+        elif effect.kind == "subscribe":
+            assert effect.subscribe is not None
+            events.append(
+                (PLAIN, encode_event(Subscribed(subscriber=sender, spec=effect.subscribe)))
+            )
+        elif effect.kind == "send":
+            mode = "send"
+        elif effect.notice is not None:  # notify, cancel
+            events.append((INPUT, encode_event(effect.notice, limit=1 << 30)))
+        if effect.has_payload:
+            message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
+            events.append((INPUT, encode_event(message, limit=1 << 30)))
+        await self.store.append_input(
+            effect.target,
+            target_type,
+            created=created,
+            events=events,
+            args=args,
+            parent=parent,
+            mode=mode,
+            idempotency_key=effect.key,
+        )
+        self._fault(f"deliver:after-{effect.kind}")
