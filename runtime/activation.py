@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import (
+    ActionRequested,
     CancelRequested,
     Changed,
     ChildRunFinished,
@@ -59,6 +60,7 @@ class CommitBatch:
     events: list[tuple[str, bytes]] = field(default_factory=list)
     timers: list[Timer] = field(default_factory=list)
     outbox: Outbox | None = None  # the immediate effects, delivered after the commit
+    actions: list[str] = field(default_factory=list)  # tool calls that now wait for an action
 
     def __bool__(self) -> bool:
         return bool(self.events or self.timers)
@@ -205,6 +207,8 @@ class Activation:
         finished = [e for e in events if isinstance(e, RunFinished)]
         for event in events:
             batch.events.append((PLAIN, encode_event(event, limit=1 << 30)))
+            if isinstance(event, ActionRequested):
+                batch.actions.append(event.tool_call_id)
         effects = take(self._effects, scope)
         effects.extend(self._notifications(finished, {op.collection for op in ops}))
         immediate = [e for e in effects if not e.due_ms]

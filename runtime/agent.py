@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,10 +30,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from .events import (
+    ActionRequested,
+    ActionSettled,
     AssistantStep,
     Changed,
     ChildRunFinished,
     DeliveryFailed,
+    Effect,
     LogRecord,
     Message,
     ToolCall,
@@ -96,9 +100,21 @@ class AgentTool:
     # Checked before every model step (a disabled tool is left out of the request)
     # and before every execution (a call to a disabled tool gets an error result).
     enabled: Callable[[], Awaitable[bool]] | None = None
+    # Client-routed: the call becomes a pending action that a client answers
+    # (``rt.submit_tool_result``); ``accept_output`` turns a submitted output into
+    # the result (typed tools validate it and run their observers there).
+    client_routed: bool = False
+    output_schema: dict[str, Any] | None = None
+    accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
+    # Approval: when it answers True the call waits for rt.approve / rt.deny first.
+    needs_approval: Callable[[], Awaitable[bool]] | None = None
+    action_ttl: float | None = None  # a pending action expires (as a failure) after this
 
     async def is_enabled(self) -> bool:
         return True if self.enabled is None else bool(await self.enabled())
+
+    async def wants_approval(self) -> bool:
+        return False if self.needs_approval is None else bool(await self.needs_approval())
 
     def input_schema(self) -> dict[str, Any]:
         if isinstance(self.parameters, dict):
@@ -140,13 +156,17 @@ def struct_schema(struct: type) -> dict[str, Any]:
 @dataclass
 class RunResult:
     run_id: str | None
-    status: Literal["completed", "failed", "cancelled", "idle"]
+    status: Literal["completed", "failed", "cancelled", "idle", "suspended"]
     response: str | None = None
     error: str | None = None
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
     tool_calls: int = 0
     stop_reason: str | None = None
+
+
+class _Suspended(Exception):
+    """Calls of the step wait for pending actions: the run suspends (stays open)."""
 
 
 class _Stopped(Exception):
@@ -256,6 +276,9 @@ class Agent:
             return RunResult(run_id=None, status="idle")
         try:
             return await self._loop(run_id)
+        except _Suspended:
+            steps, usage = self._progress(run_id)
+            return RunResult(run_id=run_id, status="suspended", usage=usage, steps=len(steps))
         except _Stopped:
             return await self._stopped(run_id)
         except ToolBugError as bug:
@@ -350,9 +373,20 @@ class Agent:
         outcomes = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
         intents = {c.id for e in history if isinstance(e, ToolIntent) for c in e.calls}
         to_run: list[tuple[dict[str, Any], AgentTool, Any]] = []
+        system = self._system
+        waiting = False
         for call in tool_uses(step.content):
             call_id, name = call["id"], call["name"]
             if call_id in outcomes:
+                continue
+            answer = system.settled.get(call_id)
+            if answer is not None:
+                approved = await self._take_answer(run_id, call, answer)
+                if approved is not None:
+                    to_run.append(approved)
+                continue
+            if call_id in system.actions:
+                waiting = True
                 continue
             if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
                 await self._refuse(
@@ -391,9 +425,89 @@ class Agent:
             except ValueError as exc:
                 await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
                 continue
+            if tool.client_routed or await tool.wants_approval():
+                await self._request_action(run_id, call, tool)
+                waiting = True
+                continue
             to_run.append((call, tool, params))
-        if not to_run:
-            return
+        if to_run:
+            await self._start(run_id, to_run, intents)
+        if waiting:
+            raise _Suspended
+
+    async def _request_action(self, run_id: str, call: dict[str, Any], tool: AgentTool) -> None:
+        """The call waits for a client's output or a person's decision."""
+        now_ms = int(time.time() * 1000)
+        expires_ms = int(now_ms + tool.action_ttl * 1000) if tool.action_ttl else 0
+        request = ActionRequested(
+            run_id=run_id,
+            tool_call_id=call["id"],
+            tool=tool.name,
+            kind="client" if tool.client_routed else "approval",
+            input=call.get("input"),
+            input_schema=tool.input_schema(),
+            output_schema=tool.output_schema,
+            authorized=self.caller()[0],
+            created_ms=now_ms,
+            expires_ms=expires_ms,
+        )
+        act = self.ctx._activation
+        if expires_ms:
+            act.add_effect(
+                Effect(
+                    kind="expire",
+                    target=self.ctx.entity_url,
+                    key=act.next_key(),
+                    payload=call["id"],
+                    due_ms=expires_ms,
+                )
+            )
+        await self._journal(request)
+
+    async def _take_answer(
+        self, run_id: str, call: dict[str, Any], answer: ActionSettled
+    ) -> tuple[dict[str, Any], AgentTool, Any] | None:
+        """Turn the answer to a pending action into the call's result; for an approval,
+        return the call to run (with the edited input, validated again)."""
+        call_id, name = call["id"], call["name"]
+        tool = self.tools.get(name)
+        who = f" by {answer.by}" if answer.by else ""
+        if answer.decision in ("failed", "cancelled", "expired", "denied"):
+            reason = answer.error or "no reason given"
+            await self._refuse(
+                run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
+            )
+            return None
+        if tool is None or not await tool.is_enabled():
+            await self._refuse(
+                run_id,
+                call_id,
+                name,
+                f"The tool {name!r} is disabled; the {answer.decision} was rejected.",
+            )
+            return None
+        if answer.decision == "output":
+            if tool.accept_output is not None:
+                result = await tool.accept_output(call_id, call.get("input"), answer.output)
+            else:
+                stored = answer.output
+                result = ToolResult(json.dumps(stored, ensure_ascii=False), {"output": stored})
+            await self._outcome(
+                run_id, call_id, name, result.content, result.is_error, result.details
+            )
+            return None
+        edited = answer.edited_input if answer.edited_input is not None else call.get("input")
+        try:
+            params = tool.parse(edited)
+        except ValueError as exc:
+            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
+            return None
+        return ({**call, "input": edited}, tool, params)
+
+    async def _start(
+        self, run_id: str, to_run: list[tuple[dict[str, Any], AgentTool, Any]], intents: set[str]
+    ) -> None:
+        """Journal the intents of ``to_run`` (one commit), then run them concurrently."""
         new_intents = [
             ToolCall(id=c["id"], name=c["name"], input=c.get("input"))
             for c, _, _ in to_run

@@ -16,6 +16,14 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
+from .actions import (
+    ActionNotPendingError,
+    Authorizer,
+    answer_event,
+    check_answer,
+    default_authorizer,
+    expired,
+)
 from .config import Settings
 from .connection import connect
 from .contracts import Capability
@@ -28,6 +36,7 @@ from .errors import (
     WakefulError,
 )
 from .events import (
+    ActionRequested,
     CancelRequested,
     Created,
     DeleteRequested,
@@ -65,6 +74,7 @@ class Runtime:
         run_worker: bool | None = None,
         redis: Redis | None = None,
         capabilities: list[Capability[Any]] | None = None,
+        action_authorizer: Authorizer | None = None,
     ) -> None:
         base = settings or Settings.from_env()
         if redis_url is not None:
@@ -74,6 +84,7 @@ class Runtime:
         self.embedded = redis is None and base.redis_url is None
         self._run_worker = self.embedded if run_worker is None else run_worker
         self.capabilities = list(capabilities or [])
+        self.action_authorizer = action_authorizer or default_authorizer
         self._redis = redis
         self._embedded_server: Any = None
         self.store: Store | None = None
@@ -298,6 +309,81 @@ class Runtime:
         return None
 
     # -- reading ---------------------------------------------------------------
+
+    # -- pending actions (client tools and approvals) ----------------------------
+
+    async def pending_actions(self, url: str) -> list[ActionRequested]:
+        """Tool calls of ``url`` that wait for a client's output or an approval."""
+        return list((await self._folded(url)).system.actions.values())
+
+    async def submit_tool_result(
+        self, url: str, tool_call_id: str, output: Any, *, identity: dict[str, str] | None = None
+    ) -> str:
+        """Answer a client-routed tool call. The output is checked against the tool's
+        output schema first: an invalid one is refused and the action stays pending."""
+        return await self._answer(url, tool_call_id, "output", identity, output=output)
+
+    async def fail_action(
+        self, url: str, tool_call_id: str, error: str, *, identity: dict[str, str] | None = None
+    ) -> str:
+        return await self._answer(url, tool_call_id, "failed", identity, error=error)
+
+    async def cancel_action(
+        self, url: str, tool_call_id: str, *, identity: dict[str, str] | None = None
+    ) -> str:
+        return await self._answer(url, tool_call_id, "cancelled", identity, error="cancelled")
+
+    async def approve(
+        self,
+        url: str,
+        tool_call_id: str,
+        *,
+        edited_input: Any = None,
+        identity: dict[str, str] | None = None,
+    ) -> str:
+        """Approve a call waiting for approval; ``edited_input`` replaces its input
+        (checked against the tool's input schema)."""
+        return await self._answer(
+            url, tool_call_id, "approved", identity, edited_input=edited_input
+        )
+
+    async def deny(
+        self, url: str, tool_call_id: str, reason: str, *, identity: dict[str, str] | None = None
+    ) -> str:
+        """Deny a call waiting for approval; the model gets ``reason`` and can act on it."""
+        return await self._answer(url, tool_call_id, "denied", identity, error=reason)
+
+    async def _answer(
+        self,
+        url: str,
+        tool_call_id: str,
+        decision: str,
+        identity: dict[str, str] | None,
+        **fields: Any,
+    ) -> str:
+        action = (await self._folded(url)).system.actions.get(tool_call_id)
+        if action is not None and expired(action):
+            event = answer_event(tool_call_id, "expired", None, error="expired before an answer")
+            await self._store.settle_action(url, tool_call_id, encode_event(event))
+            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} expired")
+        check_answer(
+            action,
+            url,
+            tool_call_id,
+            decision,
+            identity,
+            self.action_authorizer,
+            **{k: v for k, v in fields.items() if k in ("output", "edited_input")},
+        )
+        event = encode_event(
+            answer_event(tool_call_id, decision, identity, **fields),
+            limit=self.settings.max_event_bytes,
+            what=f"answer to tool call {tool_call_id!r}",
+        )
+        event_id = await self._store.settle_action(url, tool_call_id, event)
+        if event_id is None:
+            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
+        return event_id
 
     async def history(self, url: str) -> list[HistoryEvent]:
         """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""

@@ -267,6 +267,10 @@ class Registration(Generic[In, Out, Ctx]):
     enabled: Enabled = True
     map_context: Callable[[Any, dict[str, str] | None, Any], Ctx] | None = None
     on_output: Callable[[OutputInfo], Any] | None = None
+    # The call waits for rt.approve / rt.deny first (a bool or a resolver of CallInfo).
+    needs_approval: Enabled = False
+    # A pending action (client tool or approval) expires as a failure after this many seconds.
+    action_ttl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,9 @@ class AgentDef:
                     "enabled": reg.enabled if isinstance(reg.enabled, bool) else "resolver",
                     "map_context": reg.map_context is not None,
                     "on_output": reg.on_output is not None,
+                    "needs_approval": reg.needs_approval
+                    if isinstance(reg.needs_approval, bool)
+                    else "resolver",
                 }
                 for key, reg in self.registrations().items()
             ],
@@ -459,6 +466,21 @@ def _adapt(
             outcome.error, outcome.error_data = failure.message, failure.data
         except Exception as exc:
             raise _bug(key, call_id, "".join(traceback.format_exception(exc))) from exc
+        return await settle(call, call_id, params, outcome)
+
+    async def accept_output(call_id: str, raw_input: Any, output: Any) -> ToolResult:
+        """A client's submitted output (already checked against the output schema)."""
+        try:
+            params = msgspec.convert(raw_input, definition.input)
+        except (msgspec.ValidationError, TypeError):
+            params = raw_input
+        outcome = ToolOutcomeInfo(name=key, tool_call_id=call_id, output=output)
+        return await settle(info(), call_id, params, outcome)
+
+    async def settle(
+        call: CallInfo, call_id: str, params: Any, outcome: ToolOutcomeInfo
+    ) -> ToolResult:
+        """Validate the output, apply the lifecycle hook, observe, project for the model."""
         if outcome.error is None and definition.output is not None:
             try:
                 outcome.output = msgspec.convert(
@@ -495,6 +517,12 @@ def _adapt(
             content = json.dumps(stored, ensure_ascii=False)
         return ToolResult(content, details={"output": stored})
 
+    async def needs_approval() -> bool:
+        if isinstance(reg.needs_approval, bool):
+            return reg.needs_approval
+        verdict = reg.needs_approval(info())
+        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
+
     return AgentTool(
         name=key,
         description=definition.description,
@@ -502,6 +530,11 @@ def _adapt(
         execute=execute,
         label=definition.id,
         enabled=enabled,
+        client_routed=definition.client_routed,
+        output_schema=struct_schema(definition.output) if definition.output is not None else None,
+        accept_output=accept_output,
+        needs_approval=needs_approval,
+        action_ttl=reg.action_ttl,
     )
 
 

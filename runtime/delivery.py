@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -20,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
 from .events import (
+    ActionSettled,
     Created,
     DeliveryFailed,
     Effect,
@@ -115,6 +117,16 @@ class Delivery:
         return failures
 
     async def _one(self, sender: str, effect: Effect) -> None:
+        if effect.kind == "expire":  # a pending action's time is up (if still pending)
+            expired = ActionSettled(
+                tool_call_id=effect.payload,
+                decision="expired",
+                error="no answer before the action expired",
+                at_ms=int(time.time() * 1000),
+            )
+            await self.store.settle_action(effect.target, effect.payload, encode_event(expired))
+            self._fault("deliver:after-expire")
+            return
         target_type = effect.target.split("/")[1]
         created = encode_event(Created(type=target_type, parent=None), limit=1 << 30)
         events: list[tuple[str, bytes]] = []

@@ -175,7 +175,7 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
     so a replayed handler produces the same key and delivery deduplicates.
     """
 
-    kind: Literal["send", "spawn", "subscribe", "notify", "cancel"]
+    kind: Literal["send", "spawn", "subscribe", "notify", "cancel", "expire"]
     target: str
     key: str
     payload: Any = None  # send; spawn: the initial message
@@ -273,6 +273,36 @@ class ToolOutcome(Event, tag="tool_result"):
     details: Any = None
 
 
+class ActionRequested(Event, tag="action_requested"):
+    """A tool call waits for someone outside: a client-routed tool's output, or an
+    approval. The run is suspended until the action is settled."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    tool_call_id: str
+    tool: str  # the registration key (the name the model used)
+    kind: Literal["client", "approval"]
+    input: Any = None
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
+    authorized: dict[str, str] | None = None  # the identity that may answer (None: anyone)
+    created_ms: int = 0
+    expires_ms: int = 0  # 0: never
+
+
+class ActionSettled(Event, tag="action_settled"):
+    """The answer to a pending action, with who gave it and when."""
+
+    is_input: ClassVar[bool] = True
+    tool_call_id: str
+    decision: Literal["output", "failed", "cancelled", "approved", "denied", "expired"]
+    output: Any = None
+    error: str | None = None
+    edited_input: Any = None
+    by: dict[str, str] | None = None
+    at_ms: int = 0
+
+
 HistoryEvent = UserTurn | AssistantStep | ToolIntent | ToolOutcome
 
 
@@ -295,6 +325,8 @@ AnyEvent = (
     | AssistantStep
     | ToolIntent
     | ToolOutcome
+    | ActionRequested
+    | ActionSettled
     | HandlerFailed
     | EntityFailed
 )

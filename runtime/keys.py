@@ -11,6 +11,8 @@ key                                         what
 ``<prefix>:{pN}:log:<url>``                 entity log (stream), the source of truth
 ``<prefix>:{pN}:meta:<url>``                entity metadata (hash)
 ``<prefix>:{pN}:snap:<url>``                latest state snapshot (msgpack string)
+``<prefix>:{pN}:actions:<url>``             pending actions: tool call id -> pending |
+                                            settled (hash)
 ``<prefix>:{pN}:live:<url>``                live output: text deltas, tool progress
                                             (capped stream)
 ``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL)
@@ -56,6 +58,9 @@ class Keyspace:
 
     def live(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:live:{url}"
+
+    def actions(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:actions:{url}"
 
     def cancel_channel(self, url: str) -> str:
         return f"{self.prefix}:cancel:{url}"

@@ -83,11 +83,12 @@ end
 return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
 """
 
-# KEYS: lease, log, meta, inbox, snap, timers, timerdata
+# KEYS: lease, log, meta, inbox, snap, timers, timerdata, actions
 # ARGV: token, group, cursor ('' = keep), created ('' = skip incarnation check),
 #       snapshot ('' = none), snapshot_seen, snapshot_out, channel, url,
-#       n_events, n_acks, n_fields, n_timers,
-#       n pairs (flag, event), ack ids, field/value pairs, timer triples (member, due, data)
+#       n_events, n_acks, n_fields, n_timers, n_actions,
+#       n pairs (flag, event), ack ids, field/value pairs, timer triples (member, due, data),
+#       ids of tool calls that now wait for an action (pending actions)
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'FENCED'} | {'GONE'}
@@ -97,7 +98,8 @@ COMMIT = (
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
 if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
 local ne, na, nf, nt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local i = 14
+local nx = tonumber(ARGV[14])
+local i = 15
 local out = {'OK'}
 local changed = false
 local last_out = ARGV[7]
@@ -148,6 +150,12 @@ for _ = 1, nt do
   end
   i = i + 3
 end
+for _ = 1, nx do
+  if redis.call('HSETNX', KEYS[8], ARGV[i], 'pending') == 1 then
+    redis.call('HINCRBY', KEYS[3], 'actions', 1)
+  end
+  i = i + 1
+end
 if ARGV[5] ~= '' then
   redis.call('SET', KEYS[5], ARGV[5])
   redis.call('HSET', KEYS[3], 'snap_upto', ARGV[6], 'snap_out', last_out)
@@ -184,12 +192,12 @@ redis.call('HINCRBY', KEYS[4], 'timers', -1)
 return 1
 """
 
-# KEYS: lease, log, meta, snap, typeset, inbox
+# KEYS: lease, log, meta, snap, typeset, inbox, actions
 # ARGV: token, created, url, group, channel, ack ids...   -> 1 deleted | 0 gone | -1 fenced
 DELETE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 if redis.call('HGET', KEYS[3], 'created') ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[7])
 redis.call('SREM', KEYS[5], ARGV[3])
 if #ARGV > 5 then redis.call('XACK', KEYS[6], ARGV[4], unpack(ARGV, 6, #ARGV)) end
 redis.call('PUBLISH', ARGV[5], 'deleted')
@@ -240,4 +248,18 @@ else
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+# KEYS: actions, log, meta, inbox     ARGV: tool_call_id, event, url
+# Settle a pending action at most once: concurrent answers race here and one wins.
+# -> {1, event id} | {0, state} (state: '' unknown, 'settled' already answered)
+SETTLE = """
+local state = redis.call('HGET', KEYS[1], ARGV[1])
+if state ~= 'pending' then return {0, state or ''} end
+redis.call('HSET', KEYS[1], ARGV[1], 'settled')
+redis.call('HINCRBY', KEYS[3], 'actions', -1)
+local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
+redis.call('HSET', KEYS[3], 'last_in', id)
+if redis.call('HSETNX', KEYS[3], 'woke', '1') == 1 then redis.call('XADD', KEYS[4], '*', 'u', ARGV[3]) end
+return {1, id}
 """

@@ -24,6 +24,8 @@ from .errors import (
     UnknownCollectionError,
 )
 from .events import (
+    ActionRequested,
+    ActionSettled,
     AssistantStep,
     ChildRunFinished,
     HistoryEvent,
@@ -85,6 +87,8 @@ class SystemState(msgspec.Struct, kw_only=True):
     children: dict[str, ChildInfo] = {}
     run: str | None = None  # the open run
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
+    actions: dict[str, ActionRequested] = {}  # pending actions, by tool call id
+    settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -113,6 +117,13 @@ class SystemState(msgspec.Struct, kw_only=True):
                 child.error = event.error
         elif isinstance(event, UserTurn | AssistantStep | ToolIntent | ToolOutcome):
             self.history.append(event)
+            if isinstance(event, ToolOutcome):
+                self.settled.pop(event.tool_call_id, None)
+        elif isinstance(event, ActionRequested):
+            self.actions[event.tool_call_id] = event
+        elif isinstance(event, ActionSettled):
+            if self.actions.pop(event.tool_call_id, None) is not None:
+                self.settled[event.tool_call_id] = event
         elif isinstance(event, RunStarted):
             self.run = event.run_id
         elif isinstance(event, RunFinished) and self.run == event.run_id:

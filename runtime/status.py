@@ -31,6 +31,7 @@ class EntityStatus:
     awaited_children: int = 0
     timers: int = 0
     undelivered: bool = False
+    pending_actions: int = 0  # tool calls waiting for a client's output or an approval
 
     @property
     def idle(self) -> bool:
@@ -71,6 +72,7 @@ def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
         awaited_children=awaited,
         timers=timers,
         undelivered=undelivered,
+        pending_actions=int(meta.get("actions") or 0),
     )
 
 

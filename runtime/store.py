@@ -39,7 +39,20 @@ HEARTBEAT = Script(lua.HEARTBEAT)
 FIRE = Script(lua.FIRE)
 DELETE = Script(lua.DELETE)
 CANCEL_TIMER = Script(lua.CANCEL_TIMER)
-ALL_SCRIPTS = (SEND, LOAD, COMMIT, FIRE, DELETE, CANCEL_TIMER, ACQUIRE, RENEW, RELEASE, HEARTBEAT)
+SETTLE = Script(lua.SETTLE)
+ALL_SCRIPTS = (
+    SEND,
+    LOAD,
+    COMMIT,
+    FIRE,
+    DELETE,
+    CANCEL_TIMER,
+    SETTLE,
+    ACQUIRE,
+    RENEW,
+    RELEASE,
+    HEARTBEAT,
+)
 
 
 class TargetMissingError(Exception):
@@ -242,6 +255,7 @@ class Store:
         snapshot_seen: str = "",
         snapshot_out: str = "",
         timers: list[tuple[str, int, bytes]] = (),  # type: ignore[assignment]
+        actions: list[str] = (),  # type: ignore[assignment]
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -266,6 +280,7 @@ class Store:
                 k.snap(url),
                 k.timers(p),
                 k.timerdata(p),
+                k.actions(url),
             ],
             [
                 token,
@@ -281,10 +296,12 @@ class Store:
                 len(acks),
                 len(flat_fields),
                 len(timers),
+                len(actions),
                 *(x for pair in events for x in pair),
                 *acks,
                 *flat_fields,
                 *(x for timer in timers for x in timer),
+                *actions,
             ],
         )
         status = _s(reply[0])
@@ -301,7 +318,15 @@ class Store:
         type_name = url.split("/")[1]
         reply = await self._run(
             DELETE,
-            [k.lease(p), k.log(url), k.meta(url), k.snap(url), k.typeset(p, type_name), k.inbox(p)],
+            [
+                k.lease(p),
+                k.log(url),
+                k.meta(url),
+                k.snap(url),
+                k.typeset(p, type_name),
+                k.inbox(p),
+                k.actions(url),
+            ],
             [token, created, url, GROUP, k.idle_channel(url), *acks],
         )
         if int(reply) == -1:
@@ -326,6 +351,20 @@ class Store:
         replies = await pipe.execute()
         dues = [int(score) for reply in replies for _, score in reply]
         return min(dues) if dues else None
+
+    async def settle_action(self, url: str, tool_call_id: str, event: bytes) -> str | None:
+        """Append the answer to a pending action, unless it was answered already.
+
+        Returns the event id, or None if the action is not pending (unknown, or
+        settled by a concurrent answer)."""
+        k = self.keys
+        p = k.partition(url)
+        reply = await self._run(
+            SETTLE,
+            [k.actions(url), k.log(url), k.meta(url), k.inbox(p)],
+            [tool_call_id, event, url],
+        )
+        return _s(reply[1]) if int(reply[0]) == 1 else None
 
     async def timers_of(self, url: str, created: str) -> list[tuple[str, int, bytes]]:
         """Pending timers of one incarnation of ``url``: (member, due ms, data)."""

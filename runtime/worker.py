@@ -589,6 +589,7 @@ class Worker:
                     events=batch.events,
                     created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
+                    actions=batch.actions,
                 )
                 _note_applied(state, batch.events, ids)
                 self._fault("flush:after-commit")
@@ -657,6 +658,7 @@ class Worker:
             snapshot_out=state.applied,
             fields=fields,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
+            actions=batch.actions,
         )
         _note_applied(state, batch.events, ids)
         self._fault("wake:after-commit")

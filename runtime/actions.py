@@ -1,0 +1,136 @@
+"""Pending actions: answering client-routed tool calls and approvals.
+
+When the model calls a client-routed tool, or a tool that needs approval, the
+run journals an ``action_requested`` event and suspends. A client answers with
+``rt.submit_tool_result`` / ``rt.fail_action`` / ``rt.cancel_action`` (client
+tools) or ``rt.approve`` / ``rt.deny`` (approvals), and ``rt.cancel_action``
+for either. An answer is checked here, before anything is written:
+
+* the action must still be pending and of the right kind;
+* the answering identity must be authorised (by default: the identity of the
+  message that started the run; ``client_data`` is never used);
+* a submitted output must match the tool's output schema, and an edited input
+  the tool's input schema; otherwise the answer is refused and the action stays
+  pending.
+
+It is then appended by one script that settles the action at most once, so of
+two concurrent answers exactly one wins, and the entity is woken: the same run
+continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import msgspec
+
+from .errors import WakefulError
+from .events import ActionRequested, ActionSettled
+
+Authorizer = Callable[[ActionRequested, dict[str, str] | None], bool]
+
+
+class ActionError(WakefulError):
+    """An answer to a pending action was refused; the action is unchanged."""
+
+
+class ActionNotPendingError(ActionError, LookupError):
+    pass
+
+
+class ActionNotAuthorizedError(ActionError, PermissionError):
+    pass
+
+
+class ActionValidationError(ActionError, ValueError):
+    pass
+
+
+def default_authorizer(action: ActionRequested, identity: dict[str, str] | None) -> bool:
+    """Only the identity that started the run may answer (anyone, if it had none)."""
+    return action.authorized is None or identity == action.authorized
+
+
+def check_answer(
+    action: ActionRequested | None,
+    url: str,
+    tool_call_id: str,
+    decision: str,
+    identity: dict[str, str] | None,
+    authorizer: Authorizer,
+    *,
+    output: Any = None,
+    edited_input: Any = None,
+) -> None:
+    """Raise an ActionError naming what is wrong with this answer."""
+    if action is None:
+        raise ActionNotPendingError(
+            f"{url} has no pending action for tool call {tool_call_id!r} "
+            "(unknown, or answered already)"
+        )
+    allowed = {
+        "client": {"output", "failed", "cancelled"},
+        "approval": {"approved", "denied", "cancelled"},
+    }
+    if decision not in allowed[action.kind]:
+        verbs = {
+            "output": "submit an output to",
+            "failed": "fail",
+            "approved": "approve",
+            "denied": "deny",
+        }
+        raise ActionError(
+            f"cannot {verbs.get(decision, decision)} tool call {tool_call_id!r} of {url}: "
+            f"it waits for {'a client tool result' if action.kind == 'client' else 'an approval'}"
+        )
+    if not authorizer(action, identity):
+        raise ActionNotAuthorizedError(
+            f"identity {identity!r} may not answer tool call {tool_call_id!r} of {url}"
+        )
+    if decision == "output" and action.output_schema is not None:
+        _validate(
+            output, action.output_schema, f"output for tool call {tool_call_id!r} ({action.tool})"
+        )
+    if edited_input is not None and action.input_schema is not None:
+        _validate(
+            edited_input,
+            action.input_schema,
+            f"edited input for tool call {tool_call_id!r} ({action.tool})",
+        )
+
+
+def _validate(value: Any, schema: dict[str, Any], what: str) -> None:
+    try:
+        jsonschema.validate(msgspec.to_builtins(value), schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        raise ActionValidationError(
+            f"{what} does not match its schema at {where}: {exc.message}"
+        ) from None
+
+
+def answer_event(
+    tool_call_id: str,
+    decision: str,
+    identity: dict[str, str] | None,
+    *,
+    output: Any = None,
+    error: str | None = None,
+    edited_input: Any = None,
+) -> ActionSettled:
+    return ActionSettled(
+        tool_call_id=tool_call_id,
+        decision=decision,  # type: ignore[arg-type]
+        output=msgspec.to_builtins(output),
+        error=error,
+        edited_input=msgspec.to_builtins(edited_input),
+        by=identity,
+        at_ms=int(time.time() * 1000),
+    )
+
+
+def expired(action: ActionRequested) -> bool:
+    return bool(action.expires_ms) and time.time() * 1000 > action.expires_ms
