@@ -20,6 +20,7 @@ continues where it stopped.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -134,3 +135,63 @@ def answer_event(
 
 def expired(action: ActionRequested) -> bool:
     return bool(action.expires_ms) and time.time() * 1000 > action.expires_ms
+
+
+# -- frontend-defined client tools --------------------------------------------------
+
+RESERVED_PREFIX = "wakeful"
+RESERVED_NAMES = frozenset({"send_message", "dispatch", "schedule_message"})
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+class ClientToolsError(WakefulError, ValueError):
+    """A snapshot of client tool definitions sent with a message is malformed."""
+
+
+def check_client_tools(snapshot: Any) -> list[dict[str, Any]]:
+    """Validate a client's tool definitions (name, description, input/output JSON Schemas).
+
+    Returns them as plain dicts. Raises ClientToolsError naming the tool and the
+    problem; nothing is sent then.
+    """
+    if not isinstance(snapshot, list):
+        raise ClientToolsError(
+            f"client_tools must be a list of tool definitions, got {type(snapshot).__name__}"
+        )
+    seen: set[str] = set()
+    tools = []
+    for index, raw in enumerate(snapshot):
+        where = f"client_tools[{index}]"
+        if not isinstance(raw, dict):
+            raise ClientToolsError(f"{where} must be an object, got {type(raw).__name__}")
+        unknown = set(raw) - {"name", "description", "input_schema", "output_schema"}
+        if unknown:
+            raise ClientToolsError(f"{where} has unknown fields: {', '.join(sorted(unknown))}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ClientToolsError(
+                f"{where}: name {name!r} must be 1-64 characters of a-z A-Z 0-9 _ -"
+            )
+        if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIX):
+            raise ClientToolsError(f"{where}: the name {name!r} is reserved by the runtime")
+        if name in seen:
+            raise ClientToolsError(f"{where}: two client tools are named {name!r}")
+        seen.add(name)
+        if not isinstance(raw.get("description", ""), str):
+            raise ClientToolsError(f"{where} ({name}): description must be a string")
+        for field in ("input_schema", "output_schema"):
+            schema = raw.get(field)
+            if schema is None and field == "output_schema":
+                continue
+            if not isinstance(schema, dict):
+                raise ClientToolsError(f"{where} ({name}): {field} must be a JSON Schema object")
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise ClientToolsError(
+                    f"{where} ({name}): {field} is not a valid JSON Schema: {exc.message}"
+                ) from None
+        if raw["input_schema"].get("type") != "object":
+            raise ClientToolsError(f"{where} ({name}): input_schema must have type 'object'")
+        tools.append(dict(raw))
+    return tools

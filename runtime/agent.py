@@ -258,6 +258,32 @@ class Agent:
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
         self.tools[tool.name] = tool
 
+    def _offer_client_tools(self, run_id: str) -> str | None:
+        """Add the tools the run's client offered (the latest snapshot of its messages);
+        return an error if one collides with a backend tool."""
+        snapshot = next(
+            (
+                e.client_tools
+                for e in reversed(self._system.history)
+                if isinstance(e, UserTurn) and e.run_id == run_id and e.client_tools
+            ),
+            None,
+        )
+        for spec in snapshot or []:
+            existing = self.tools.get(spec["name"])
+            if existing is not None and not existing.label.startswith("client:"):
+                return f"the client tool {spec['name']!r} collides with a backend tool of that name"
+            self.tools[spec["name"]] = AgentTool(
+                name=spec["name"],
+                description=spec.get("description", ""),
+                parameters=spec["input_schema"],
+                execute=_client_side,
+                label=f"client:{spec['name']}",
+                client_routed=True,
+                output_schema=spec.get("output_schema"),
+            )
+        return None
+
     def caller(self) -> tuple[dict[str, str] | None, Any]:
         """``(identity, client_data)`` of the messages the open run took, latest first."""
         identity, client_data = None, None
@@ -274,6 +300,9 @@ class Agent:
         run_id = await self._take_inputs()
         if run_id is None:
             return RunResult(run_id=None, status="idle")
+        clash = self._offer_client_tools(run_id)
+        if clash is not None:
+            return await self._finish(run_id, "failed", error=clash)
         try:
             return await self._loop(run_id)
         except _Suspended:
@@ -302,6 +331,9 @@ class Agent:
                     client_data=next(
                         (m.client_data for m in reversed(messages) if m.client_data is not None),
                         None,
+                    ),
+                    client_tools=next(
+                        (m.client_tools for m in reversed(messages) if m.client_tools), None
                     ),
                 )
             )
@@ -656,6 +688,10 @@ class Agent:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         raise _Stopped
+
+
+async def _client_side(*_: Any) -> ToolResult:  # pragma: no cover - never called
+    raise AssertionError("a client tool runs in the client")
 
 
 class _RunFailed(Exception):

@@ -21,6 +21,7 @@ from .actions import (
     Authorizer,
     answer_event,
     check_answer,
+    check_client_tools,
     default_authorizer,
     expired,
 )
@@ -31,6 +32,7 @@ from .errors import (
     EntityNotFoundError,
     EventDecodeError,
     RunFailedError,
+    RunSuspendedError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
@@ -166,6 +168,7 @@ class Runtime:
         identity: dict[str, str] | None = None,
         client_data: Any = None,
         sender: str | None = None,
+        client_tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Append a message to the entity's log (creating the entity) and wake it.
 
@@ -182,6 +185,7 @@ class Runtime:
                 identity=identity,
                 client_data=client_data,
                 idempotency_key=idempotency_key,
+                client_tools=check_client_tools(client_tools) if client_tools is not None else None,
             ),
             limit=limit,
             what=f"message to {url}",
@@ -526,6 +530,9 @@ class Runtime:
         status = await self.wait_idle(url, timeout=timeout)
         if status.status == "failed":
             raise RunFailedError(url, "failed", status.error)
+        if status.pending_actions:
+            pending = await self.pending_actions(url)
+            raise RunSuspendedError(url, [a.tool_call_id for a in pending])
         last: RunFinished | None = None
         async for record in self.events(url, after=sent):
             if isinstance(record, LogRecord) and isinstance(record.event, RunFinished):

@@ -120,6 +120,18 @@ class WaitTimeoutError(WakefulError, TimeoutError):
     pass
 
 
+class RunSuspendedError(WakefulError):
+    """The run waits for pending actions (client tools, approvals) instead of finishing."""
+
+    def __init__(self, url: str, tool_call_ids: list[str]) -> None:
+        self.url = url
+        self.tool_call_ids = tool_call_ids
+        super().__init__(
+            f"the run of {url} is suspended, waiting for actions on tool calls "
+            f"{', '.join(tool_call_ids)} (see rt.pending_actions)"
+        )
+
+
 class RunFailedError(WakefulError):
     """The run that answered ``ask`` failed or was cancelled."""
 

@@ -62,6 +62,7 @@ class Message(Event, tag="msg"):
     identity: dict[str, str] | None = None
     client_data: Any = None
     idempotency_key: str | None = None
+    client_tools: list[dict[str, Any]] | None = None  # tools the sending client answers itself
 
 
 class ChildRunFinished(Event, tag="child_run_finished"):
@@ -233,6 +234,7 @@ class UserTurn(Event, tag="user_turn"):
     sources: list[str] = []
     identity: dict[str, str] | None = None  # of the last message taken (trusted)
     client_data: Any = None  # of the last message taken (untrusted)
+    client_tools: list[dict[str, Any]] | None = None  # offered by that message's client
 
 
 class AssistantStep(Event, tag="assistant_step"):
