@@ -689,3 +689,26 @@ async def test_browser_example_client_answers_get_selected_text(cluster: Any) ->
     assert answered == ["s1"]
     assert finished.status == "completed"
     assert "Redis Streams are append-only logs." in (finished.response or "")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a message sent while the run is suspended is journaled before the pending "
+    "call's result, so project() answers the call as 'interrupted' and the submitted "
+    "output never reaches the model (agent.py _take_inputs / history.py project)",
+)
+async def test_a_message_sent_while_suspended_does_not_hide_the_submitted_output(
+    cluster: Any,
+) -> None:
+    runs: list[RunResult] = []
+    reg = app({"getSelectedText": get_selected}, [use("s1", "getSelectedText", {})], runs)
+    rt = await cluster.runtime(reg)
+    await rt.send(URL, "go", identity=U1)
+    await suspended(rt)
+    await rt.send(URL, "are you still there?", identity=U1)
+    await suspended(rt)
+    await rt.submit_tool_result(URL, "s1", {"text": "the selection"}, identity=U1)
+    finished = await settled_run(rt)
+    assert finished.status == "completed"
+    assert "the selection" in (finished.response or "")
+    assert "interrupted" not in json.dumps(await rt.conversation(URL))
