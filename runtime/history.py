@@ -10,6 +10,9 @@ always yields a request the Messages API accepts, whatever the journal holds
 * every ``tool_use`` is answered in the next user message by a ``tool_result``
   with the same id, in call order; a call that has no journaled result gets an
   error result saying it was interrupted;
+* user turns journaled while calls are still open (a message that arrives
+  while the run waits for a client tool or an approval) follow those calls'
+  results, so a result that comes later is not hidden behind the message;
 * tool results for ids the preceding assistant message did not use are dropped;
 * no message and no tool result is empty, and none has blank text blocks (the
   API rejects those; a tool or a message can produce whitespace-only text);
@@ -72,12 +75,16 @@ def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
             return tool_result_block(sent_id, [{"type": "text", "text": INTERRUPTED}], True)
         return tool_result_block(sent_id, _nonblank(outcome.content, "(empty)"), outcome.is_error)
 
+    held: list[dict[str, Any]] = []  # user content that arrived while calls were open
+
     def settle() -> None:
-        """Answer the open tool calls, in call order, before anything else is added."""
+        """Answer the open tool calls, in call order, then add the user content held back."""
         if open_calls:
             add("user", [answer(sent_id, call_id) for sent_id, call_id in open_calls])
             open_calls.clear()
             results.clear()
+        add("user", held)
+        held.clear()
 
     def unique(call_id: str) -> str:
         sent_id, n = call_id, 0
@@ -89,8 +96,11 @@ def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
 
     for event in history:
         if isinstance(event, UserTurn):
-            settle()
-            add("user", _nonblank(event.content, "(empty message)"))
+            content = _nonblank(event.content, "(empty message)")
+            if open_calls:  # calls still wait (a suspended run): results come first
+                held.extend(content)
+            else:
+                add("user", content)
         elif isinstance(event, AssistantStep):
             settle()
             if not messages:  # the API wants a user message first
@@ -103,5 +113,7 @@ def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
             add("assistant", content)
         elif isinstance(event, ToolOutcome) and any(event.tool_call_id == c for _, c in open_calls):
             results[event.tool_call_id] = event
+            if held and all(c in results for _, c in open_calls):
+                settle()
     settle()
     return messages

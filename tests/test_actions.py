@@ -691,12 +691,6 @@ async def test_browser_example_client_answers_get_selected_text(cluster: Any) ->
     assert "Redis Streams are append-only logs." in (finished.response or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a message sent while the run is suspended is journaled before the pending "
-    "call's result, so project() answers the call as 'interrupted' and the submitted "
-    "output never reaches the model (agent.py _take_inputs / history.py project)",
-)
 async def test_a_message_sent_while_suspended_does_not_hide_the_submitted_output(
     cluster: Any,
 ) -> None:

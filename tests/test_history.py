@@ -309,11 +309,21 @@ def test_a_result_for_an_unknown_id_is_dropped() -> None:
     assert "ghost" not in str(messages) and "t9" not in str(messages)
 
 
-def test_a_result_after_its_call_was_settled_is_dropped() -> None:
+def test_a_user_turn_while_calls_are_open_follows_their_results() -> None:
+    """A message that arrives while a run waits for a client tool must not hide the
+    result submitted later: the result comes first, then the message."""
     journal = [user("go"), step(tool_use("t1")), user("stop"), outcome("t1", "late")]
     messages = project(journal)
     validate(messages)
-    assert messages[-1]["content"] == [result("t1", INTERRUPTED, is_error=True), text("stop")]
+    assert messages[-1]["content"] == [result("t1", "late"), text("stop")]
+
+
+def test_a_result_after_its_call_was_settled_is_dropped() -> None:
+    journal = [user("go"), step(tool_use("t1")), step("Done."), outcome("t1", "late")]
+    messages = project(journal)
+    validate(messages)
+    assert messages[2]["content"] == [result("t1", INTERRUPTED, is_error=True)]
+    assert "late" not in str(messages)
 
 
 def test_a_duplicated_result_is_sent_once() -> None:
