@@ -106,15 +106,18 @@ class AgentTool:
     client_routed: bool = False
     output_schema: dict[str, Any] | None = None
     accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
-    # Approval: when it answers True the call waits for rt.approve / rt.deny first.
-    needs_approval: Callable[[], Awaitable[bool]] | None = None
+    # Approval: when it answers True (given the call's id and validated arguments)
+    # the call waits for rt.approve / rt.deny first.
+    needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None
     action_ttl: float | None = None  # a pending action expires (as a failure) after this
 
     async def is_enabled(self) -> bool:
         return True if self.enabled is None else bool(await self.enabled())
 
-    async def wants_approval(self) -> bool:
-        return False if self.needs_approval is None else bool(await self.needs_approval())
+    async def wants_approval(self, tool_call_id: str, params: Any) -> bool:
+        if self.needs_approval is None:
+            return False
+        return bool(await self.needs_approval(tool_call_id, params))
 
     def input_schema(self) -> dict[str, Any]:
         if isinstance(self.parameters, dict):
@@ -457,7 +460,7 @@ class Agent:
             except ValueError as exc:
                 await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
                 continue
-            if tool.client_routed or await tool.wants_approval():
+            if tool.client_routed or await tool.wants_approval(call_id, params):
                 await self._request_action(run_id, call, tool)
                 waiting = True
                 continue

@@ -242,6 +242,14 @@ class OutputInfo(CallInfo):
     tool_call_id: str = ""
 
 
+@dataclass(frozen=True)
+class ApprovalInfo(CallInfo):
+    """What a ``needs_approval`` resolver receives: the call info plus the typed input."""
+
+    input: Any = None
+    tool_call_id: str = ""
+
+
 @dataclass
 class ToolOutcomeInfo:
     """What ``lifecycle.after_tool_result`` sees (and may change): an output or an error."""
@@ -267,8 +275,9 @@ class Registration(Generic[In, Out, Ctx]):
     enabled: Enabled = True
     map_context: Callable[[Any, dict[str, str] | None, Any], Ctx] | None = None
     on_output: Callable[[OutputInfo], Any] | None = None
-    # The call waits for rt.approve / rt.deny first (a bool or a resolver of CallInfo).
-    needs_approval: Enabled = False
+    # The call waits for rt.approve / rt.deny first: a bool, or a resolver of ApprovalInfo
+    # (the call info plus its typed input), sync or async.
+    needs_approval: bool | Callable[[ApprovalInfo], bool | Awaitable[bool]] = False
     # A pending action (client tool or approval) expires as a failure after this many seconds.
     action_ttl: float | None = None
 
@@ -517,10 +526,12 @@ def _adapt(
             content = json.dumps(stored, ensure_ascii=False)
         return ToolResult(content, details={"output": stored})
 
-    async def needs_approval() -> bool:
+    async def needs_approval(call_id: str, params: Any) -> bool:
         if isinstance(reg.needs_approval, bool):
             return reg.needs_approval
-        verdict = reg.needs_approval(info())
+        verdict = reg.needs_approval(
+            ApprovalInfo(**vars(info()), input=params, tool_call_id=call_id)
+        )
         return bool(await verdict if inspect.isawaitable(verdict) else verdict)
 
     return AgentTool(
@@ -556,6 +567,7 @@ def _type_name(value: Any) -> str | None:
 
 __all__ = [
     "AgentDef",
+    "ApprovalInfo",
     "CallInfo",
     "Capabilities",
     "Capability",

@@ -30,7 +30,7 @@ from runtime.actions import (
     ActionValidationError,
 )
 from runtime.agent import RunResult
-from runtime.contracts import CallInfo, OutputInfo
+from runtime.contracts import ApprovalInfo, CallInfo, OutputInfo
 from runtime.events import ActionRequested, ActionSettled, ToolOutcome
 from runtime.models import ModelRequest, ModelResponse
 from tests.faults import SimulatedCrash
@@ -337,8 +337,8 @@ async def test_deny_gives_the_model_the_reason_and_who_denied(cluster: Any) -> N
 
 
 async def test_needs_approval_resolver_asks_only_when_it_says_so(cluster: Any) -> None:
-    """The resolver sees CallInfo (identity, client data, runtime context), not the call's
-    input: here only guests need an approval."""
+    """The resolver sees the call info (identity, client data, runtime context) and the
+    typed input: here only guests need an approval."""
     executions: list[str] = []
     asked: list[CallInfo] = []
 
@@ -369,6 +369,27 @@ async def test_needs_approval_resolver_asks_only_when_it_says_so(cluster: Any) -
     assert executions == ["/tmp/a", "/tmp/a"]
     [guest_run] = await of_type(rt, RunFinished, "/page/guest")
     assert guest_run.status == "completed"
+
+
+async def test_needs_approval_resolver_can_decide_by_the_input(cluster: Any) -> None:
+    executions: list[str] = []
+
+    def outside_tmp(info: ApprovalInfo) -> bool:
+        return not info.input.path.startswith("/tmp/")
+
+    runs: list[RunResult] = []
+    reg = app(
+        {"delete": Registration(deleter(executions), needs_approval=outside_tmp)},
+        [use("d1", "delete", {"path": "/tmp/a"}), use("d2", "delete", {"path": "/etc/passwd"})],
+        runs,
+    )
+    rt = await cluster.runtime(reg)
+    await rt.send("/page/p", "clean up", identity={"user": "u"})
+    status = await rt.wait_idle("/page/p")
+    assert status.pending_actions == 1
+    assert executions == ["/tmp/a"]
+    [action] = await rt.pending_actions("/page/p")
+    assert (action.tool_call_id, action.input) == ("d2", {"path": "/etc/passwd"})
 
 
 # -- failing, cancelling, disabling ----------------------------------------------------
