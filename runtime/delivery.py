@@ -15,9 +15,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
 from .events import (
@@ -33,10 +30,10 @@ from .events import (
     encode_event,
     pack,
 )
-from .store import EntityGoneError, Store, TargetMissingError
+from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
 
 log = logging.getLogger("wakeful.delivery")
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+_TRANSIENT = TRANSIENT_ERRORS
 
 
 class Delivery:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import lua
 from .batching import AutoPipeline
@@ -21,6 +23,13 @@ from .errors import ArgsConflictError, ConfigError, FencedError
 from .keys import GROUP, Keyspace
 
 Entry = tuple[str, dict[bytes, bytes]]
+
+# Errors that mean "Redis is unreachable for now": callers retry later, nothing is lost.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+)
 
 
 class Script:

@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .activation import INPUT, PLAIN, Activation, CommitBatch
 from .agent import WakeInterrupted
@@ -68,12 +66,12 @@ from .registry import EntityType, Registry
 from .scope import CURRENT_TOOL_CALL
 from .state import Database, EntityState
 from .status import EntityStatus, Schedule, status_from_meta
-from .store import EntityGoneError, Loaded, Pointer, Store
+from .store import TRANSIENT_ERRORS, EntityGoneError, Loaded, Pointer, Store
 from .streamids import ZERO, id_gt, max_id
 from .urls import parse_url
 
 log = logging.getLogger("wakeful.worker")
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+_TRANSIENT = TRANSIENT_ERRORS
 
 
 async def _wait(awaitable: Awaitable[object], timeout: float) -> None:
