@@ -3,7 +3,7 @@
     wakeful demo                         run the demo on the embedded default
     wakeful worker APP                   run a worker for the registry APP (module:attr)
     wakeful send URL TEXT                send a message, print its event id
-    wakeful inspect URL                  status and state of an entity
+    wakeful inspect URL                  status, state, children, pending actions
     wakeful ls TYPE                      entities of a type
     wakeful tail URL [--follow]          the entity log
     wakeful resume URL [--skip-failed]   un-park a failed entity
@@ -111,8 +111,15 @@ async def _inspect(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
         status = await rt.status(args.url)
-        state = await rt.state(args.url)
-        info = {**dataclasses.asdict(status), "state": state}
+        info = {
+            **dataclasses.asdict(status),
+            "state": await rt.state(args.url),
+            "children": [msgspec.to_builtins(c) for c in await rt.children(args.url)],
+            "pending_actions": [
+                {"tool_call_id": a.tool_call_id, "tool": a.tool, "kind": a.kind, "input": a.input}
+                for a in await rt.pending_actions(args.url)
+            ],
+        }
         _print(info, args.json)
     finally:
         await rt.close()
@@ -137,11 +144,18 @@ async def _tail(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
         async for record in rt.events(args.url, after=args.after, follow=args.follow):
-            data = msgspec.to_builtins(record)
+            data = msgspec.to_builtins(record, enc_hook=_raw_rows)
             print(json.dumps(data, default=str) if args.json else _line(data), flush=True)
     finally:
         await rt.close()
     return 0
+
+
+def _raw_rows(value: Any) -> Any:
+    """Rows of ``state`` events are stored encoded; show them decoded."""
+    if isinstance(value, msgspec.Raw):
+        return msgspec.msgpack.decode(value)
+    raise TypeError(f"cannot show a {type(value).__name__}")
 
 
 def _line(record: dict[str, Any]) -> str:
