@@ -64,6 +64,8 @@ from typing import Any
 from benchlib import (
     STARTUP_TIMEOUT_S,
     Child,
+    add_gc_freeze_argument,
+    add_profiling_arguments,
     add_redis_argument,
     code_version,
     counting_redis,
@@ -550,21 +552,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="smoke run: 20 entities x 2 runs, 10 sequential runs, 5,000 raw messages",
     )
-    parser.add_argument(
-        "--profile-worker", metavar="FILE", help="cProfile the worker, write pstats to FILE"
+    add_profiling_arguments(
+        parser,
+        ["seq", "tp"],
+        "which phase --profile-worker covers: seq (low load) or tp (throughput)",
     )
-    parser.add_argument(
-        "--profile-phase",
-        choices=["seq", "tp"],
-        default="tp",
-        help="which phase --profile-worker covers: seq (low load) or tp (throughput)",
-    )
-    parser.add_argument(
-        "--no-gc-freeze",
-        dest="gc_freeze",
-        action="store_false",
-        help="do not gc.freeze() the worker after startup (the `wakeful worker` CLI does)",
-    )
+    add_gc_freeze_argument(parser)
     # internal: the consumer processes
     parser.add_argument(
         "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS

@@ -84,6 +84,8 @@ from benchlib import (
     RAW_GROUP,
     STARTUP_TIMEOUT_S,
     Child,
+    add_gc_freeze_argument,
+    add_profiling_arguments,
     add_redis_argument,
     code_version,
     counting_redis,
@@ -611,20 +613,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="skip the client-and-worker-in-one-process measurements",
     )
-    parser.add_argument(
-        "--no-gc-freeze",
-        dest="gc_freeze",
-        action="store_false",
-        help="do not gc.freeze() the worker process after startup (the `wakeful worker` CLI does)",
-    )
-    parser.add_argument(
-        "--profile-worker", metavar="FILE", help="cProfile the worker, write pstats to FILE"
-    )
-    parser.add_argument(
-        "--profile-phase",
-        choices=["roundtrip", "fanout"],
-        default="roundtrip",
-        help="which phase --profile-worker covers (fanout: the first round)",
+    add_gc_freeze_argument(parser)
+    add_profiling_arguments(
+        parser,
+        ["roundtrip", "fanout"],
+        "which phase --profile-worker covers (fanout: the first round)",
     )
     # internal: the consumer processes
     parser.add_argument(

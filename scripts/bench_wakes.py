@@ -68,6 +68,7 @@ from typing import Any
 
 from benchlib import (
     STARTUP_TIMEOUT_S,
+    add_profiling_arguments,
     add_redis_argument,
     delete_prefix,
     describe_machine,
@@ -589,14 +590,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 50 entities, 2,000 messages, 1 s"
     )
-    parser.add_argument(
-        "--profile-worker", metavar="FILE", help="cProfile the worker, write pstats to FILE"
-    )
-    parser.add_argument(
-        "--profile-phase",
-        choices=["throughput", "latency", "single"],
-        default="throughput",
-        help="which phase --profile-worker covers",
+    add_profiling_arguments(
+        parser, ["throughput", "latency", "single"], "which phase --profile-worker covers"
     )
     parser.add_argument(
         "--no-single",

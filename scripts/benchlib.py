@@ -462,3 +462,20 @@ def add_redis_argument(parser: Any) -> None:
     parser.add_argument(
         "--redis", default=os.environ.get("WAKEFUL_REDIS_URL") or "redis://127.0.0.1:6379/0"
     )
+
+
+def add_profiling_arguments(parser: Any, phases: list[str], help_phase: str) -> None:
+    """``--profile-worker FILE`` and ``--profile-phase``, shared by the benchmarks."""
+    parser.add_argument(
+        "--profile-worker", metavar="FILE", help="cProfile the worker, write pstats to FILE"
+    )
+    parser.add_argument("--profile-phase", choices=phases, default=phases[0], help=help_phase)
+
+
+def add_gc_freeze_argument(parser: Any) -> None:
+    parser.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="do not gc.freeze() the worker after startup (the `wakeful worker` CLI does)",
+    )
