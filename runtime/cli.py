@@ -177,6 +177,31 @@ async def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .gateway import bearer_tokens, create_app
+
+    registry = load_registry(args.app)
+    settings = _settings(args)
+    rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
+    await rt.start()
+    tokens = dict(t.split("=", 1) for t in args.token or [])
+    authenticate = (
+        bearer_tokens({tok: {"user": user} for user, tok in tokens.items()}) if tokens else None
+    )
+    app = create_app(rt, authenticate=authenticate)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    )
+    print(f"serving {', '.join(registry.names())} on http://{args.host}:{args.port}", flush=True)
+    try:
+        await server.serve()
+    finally:
+        await rt.close()
+    return 0
+
+
 async def _manifest(args: argparse.Namespace) -> int:
     print(load_registry(args.app).manifest_json())
     return 0
@@ -221,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")
     p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
+    p = command("serve", "serve entity URLs over HTTP")
+    p.add_argument("app", help="registry to serve, as module:attribute")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--worker", action="store_true", help="also run a worker in this process")
+    p.add_argument(
+        "--token", action="append", metavar="USER=TOKEN", help="accept Bearer TOKEN as USER"
+    )
     p = command("manifest", "print the registry's manifest", redis=False)
     p.add_argument("app")
     return parser
@@ -235,6 +268,7 @@ COMMANDS = {
     "tail": _tail,
     "resume": _resume,
     "manifest": _manifest,
+    "serve": _serve,
 }
 
 

@@ -80,3 +80,56 @@ async def test_errors_are_reported_with_exit_code_1(worker, server_url, prefix):
     assert not_failed.returncode == 1 and "is not failed" in not_failed.stderr
     usage = await run(server_url, prefix, "frobnicate")
     assert usage.returncode == 2
+
+
+def test_serve_answers_http_on_the_embedded_default():
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "serve",
+            "entities:registry",
+            "--port",
+            str(port),
+            "--token",
+            "alice=secret",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(base + "/openapi.json", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        auth = {"authorization": "Bearer secret"}
+        assert httpx.get(base + "/manifest").status_code == 401
+        sent = httpx.post(
+            base + "/entities/notes/n1/messages", json={"payload": "add milk"}, headers=auth
+        )
+        assert sent.status_code == 202
+        for _ in range(100):
+            state = httpx.get(base + "/entities/notes/n1/state", headers=auth).json()
+            if state.get("notes"):
+                break
+            time.sleep(0.05)
+        assert state["notes"] == [{"id": 1, "text": "milk", "done": False}]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,0 +1,452 @@
+"""The HTTP gateway: entity URLs over HTTP (``wakeful serve APP``).
+
+Routes (all JSON; errors are ``{"error": {"type", "message"}}`` with the
+status code below):
+
+    GET  /manifest                                  the registry's contract
+    GET  /openapi.json                              this API
+    POST /entities/{type}/{id}                      create (get-or-create) {args, message}
+    POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
+                                                    header Idempotency-Key
+    GET  /entities/{type}/{id}                      status
+    GET  /entities/{type}/{id}/state                committed collections
+    GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0);
+                                                    resumable with Last-Event-ID
+    POST /entities/{type}/{id}/cancel               cancel the current run
+    GET  /entities/{type}/{id}/actions              pending actions
+    POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
+
+Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
+is an example); ``client_data`` from the body is passed on untrusted. An
+authoriser decides who may read or write which entity.
+
+Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
+404 unknown type or entity, 409 conflict (other args, action not pending),
+413 body or payload too large, 422 a value fails its schema. A request that
+fails writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .actions import (
+    ActionError,
+    ActionNotAuthorizedError,
+    ActionNotPendingError,
+    ActionValidationError,
+    ClientToolsError,
+)
+from .client import Runtime
+from .errors import (
+    ArgsConflictError,
+    EntityNotFoundError,
+    InvalidArgsError,
+    InvalidPayloadError,
+    InvalidUrlError,
+    PayloadTooLargeError,
+    UnknownEntityTypeError,
+    WakefulError,
+)
+from .events import LogRecord, UndecodableRecord
+from .live import LiveRecord
+from .urls import entity_url
+
+Identity = dict[str, str]
+Authenticate = Callable[[Request], Awaitable[Identity | None]]
+Authorize = Callable[[Identity | None, str, str], bool]  # (identity, url, "read" | "write")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (ActionNotAuthorizedError, 403),
+    (ActionNotPendingError, 409),
+    (ActionValidationError, 422),
+    (ActionError, 409),
+    (ClientToolsError, 422),
+    (InvalidUrlError, 400),
+    (UnknownEntityTypeError, 404),
+    (EntityNotFoundError, 404),
+    (PayloadTooLargeError, 413),
+    (InvalidPayloadError, 422),
+    (ArgsConflictError, 409),
+    (InvalidArgsError, 422),
+    (WakefulError, 400),
+]
+
+
+def bearer_tokens(tokens: dict[str, Identity]) -> Authenticate:
+    """An example authenticator: ``Authorization: Bearer <token>`` -> identity."""
+
+    async def authenticate(request: Request) -> Identity | None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        return tokens.get(token) if scheme.lower() == "bearer" else None
+
+    return authenticate
+
+
+def allow_all(identity: Identity | None, url: str, access: str) -> bool:
+    return True
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    if isinstance(exc, HTTPError):
+        status, kind = exc.status, exc.kind
+    else:
+        status = next(code for cls, code in _STATUS if isinstance(exc, cls))
+        kind = type(exc).__name__
+    return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
+
+
+def create_app(
+    runtime: Runtime,
+    *,
+    authenticate: Authenticate | None = None,
+    authorize: Authorize = allow_all,
+    max_body_bytes: int = 1024 * 1024,
+) -> Starlette:
+    """An ASGI app serving ``runtime``. Without ``authenticate`` every caller is anonymous."""
+
+    async def caller(request: Request) -> Identity | None:
+        if authenticate is None:
+            return None
+        identity = await authenticate(request)
+        if identity is None:
+            raise HTTPError(401, "NotAuthenticated", "missing or invalid credentials")
+        return identity
+
+    async def body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > max_body_bytes:
+            raise HTTPError(
+                413, "BodyTooLarge", f"request body is {len(raw)} bytes, over {max_body_bytes}"
+            )
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise HTTPError(400, "MalformedJSON", f"request body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise HTTPError(400, "MalformedJSON", "request body must be a JSON object")
+        return data
+
+    async def entity(request: Request, access: str) -> tuple[str, Identity | None]:
+        identity = await caller(request)
+        url = entity_url(request.path_params["type"], request.path_params["id"])
+        if not authorize(identity, url, access):
+            raise HTTPError(403, "Forbidden", f"not allowed to {access} {url}")
+        return url, identity
+
+    def endpoint(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPError, WakefulError) as exc:
+                return error_response(exc)
+
+        return wrapped
+
+    @endpoint
+    async def manifest(request: Request) -> Response:
+        await caller(request)
+        return JSONResponse(runtime.registry.manifest())
+
+    @endpoint
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+    @endpoint
+    async def create(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        data = await body(request)
+        await runtime.create(
+            request.path_params["type"],
+            request.path_params["id"],
+            data.get("args"),
+            initial_message=data.get("message"),
+            idempotency_key=request.headers.get("idempotency-key"),
+        )
+        return JSONResponse({"url": url}, status_code=201)
+
+    @endpoint
+    async def send(request: Request) -> Response:
+        url, identity = await entity(request, "write")
+        data = await body(request)
+        if "payload" not in data:
+            raise HTTPError(400, "MissingField", "the body needs a 'payload'")
+        event_id = await runtime.send(
+            url,
+            data["payload"],
+            idempotency_key=request.headers.get("idempotency-key"),
+            identity=identity,
+            client_data=data.get("client_data"),
+            client_tools=data.get("client_tools"),
+        )
+        return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
+
+    @endpoint
+    async def status(request: Request) -> Response:
+        url, _ = await entity(request, "read")
+        return JSONResponse(dataclasses.asdict(await runtime.status(url)))
+
+    @endpoint
+    async def state(request: Request) -> Response:
+        url, _ = await entity(request, "read")
+        await runtime.status(url)  # 404 for a missing entity
+        return JSONResponse(await runtime.state(url))
+
+    @endpoint
+    async def cancel(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        data = await body(request)
+        event_id = await runtime.cancel(url, data.get("reason") or "cancelled over HTTP")
+        return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
+
+    @endpoint
+    async def actions(request: Request) -> Response:
+        url, _ = await entity(request, "read")
+        await runtime.status(url)
+        pending = await runtime.pending_actions(url)
+        return JSONResponse([msgspec.to_builtins(a) for a in pending])
+
+    @endpoint
+    async def answer(request: Request) -> Response:
+        url, identity = await entity(request, "write")
+        data = await body(request)
+        call = request.path_params["call"]
+        verb = request.path_params["verb"]
+        if verb == "submit":
+            if "output" not in data:
+                raise HTTPError(400, "MissingField", "the body needs an 'output'")
+            event_id = await runtime.submit_tool_result(
+                url, call, data["output"], identity=identity
+            )
+        elif verb == "fail":
+            event_id = await runtime.fail_action(
+                url, call, str(data.get("error", "failed")), identity=identity
+            )
+        elif verb == "cancel":
+            event_id = await runtime.cancel_action(url, call, identity=identity)
+        elif verb == "approve":
+            event_id = await runtime.approve(
+                url, call, edited_input=data.get("edited_input"), identity=identity
+            )
+        elif verb == "deny":
+            event_id = await runtime.deny(
+                url, call, str(data.get("reason", "denied")), identity=identity
+            )
+        else:
+            raise HTTPError(404, "UnknownVerb", f"unknown action verb {verb!r}")
+        return JSONResponse({"url": url, "event_id": event_id})
+
+    @endpoint
+    async def events(request: Request) -> Response:
+        url, _ = await entity(request, "read")
+        await runtime.status(url)
+        live = request.query_params.get("live") in ("1", "true")
+        follow = request.query_params.get("follow", "1") not in ("0", "false")
+        after, live_after = _resume(
+            request.headers.get("last-event-id") or request.query_params.get("after")
+        )
+        stream = _sse(runtime, url, after, live_after, live=live, follow=follow)
+        return StreamingResponse(stream, media_type="text/event-stream")
+
+    base = "/entities/{type}/{id}"
+    return Starlette(
+        routes=[
+            Route("/manifest", manifest),
+            Route("/openapi.json", openapi),
+            Route(base, create, methods=["POST"]),
+            Route(base, status, methods=["GET"]),
+            Route(base + "/messages", send, methods=["POST"]),
+            Route(base + "/state", state),
+            Route(base + "/events", events),
+            Route(base + "/cancel", cancel, methods=["POST"]),
+            Route(base + "/actions", actions),
+            Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
+        ]
+    )
+
+
+def _resume(cursor: str | None) -> tuple[str | None, str | None]:
+    """``Last-Event-ID`` is ``<log id>|<live id>``: the positions after the last event seen."""
+    if not cursor:
+        return None, None
+    log_id, _, live_id = cursor.partition("|")
+    return log_id or None, live_id or None
+
+
+async def _sse(
+    runtime: Runtime,
+    url: str,
+    after: str | None,
+    live_after: str | None,
+    *,
+    live: bool,
+    follow: bool,
+) -> AsyncIterator[bytes]:
+    log_pos, live_pos = after or "0-0", live_after or ""
+    records = runtime.events(url, after=after, follow=follow, live=live, live_after=live_after)
+    async for record in records:
+        if isinstance(record, LiveRecord):
+            live_pos = record.id
+            kind, data = "live", msgspec.to_builtins(record.event)
+        elif isinstance(record, LogRecord):
+            log_pos = record.id
+            kind = type(record.event).__struct_config__.tag  # type: ignore[attr-defined]
+            data = msgspec.to_builtins(record.event, enc_hook=_raw)
+        else:
+            assert isinstance(record, UndecodableRecord)
+            log_pos = record.id
+            kind, data = "undecodable", {"error": record.error}
+        payload = json.dumps({"id": record.id, "event": data}, default=str)
+        yield f"id: {log_pos}|{live_pos}\nevent: {kind}\ndata: {payload}\n\n".encode()
+
+
+def _raw(value: Any) -> Any:
+    if isinstance(value, msgspec.Raw):
+        return msgspec.msgpack.decode(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_ENTITY_PARAMS = [
+    {"name": "type", "in": "path", "required": True, "schema": {"type": "string"}},
+    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+]
+_ERROR = {
+    "description": "error",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
+def _op(
+    summary: str, *codes: int, body: dict[str, Any] | None = None, params: list[Any] | None = None
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "parameters": _ENTITY_PARAMS + (params or []),
+        "responses": {"200": {"description": "ok"}, **{str(c): _ERROR for c in codes}},
+    }
+    if body is not None:
+        op["requestBody"] = {"content": {"application/json": {"schema": body}}}
+    return op
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "Wakeful gateway", "version": "1"},
+    "components": {
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                    }
+                },
+            }
+        },
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+    },
+    "paths": {
+        "/manifest": {
+            "get": {
+                "summary": "The registry's contract",
+                "responses": {"200": {"description": "ok"}},
+            }
+        },
+        "/entities/{type}/{id}": {
+            "get": _op("Entity status", 400, 401, 403, 404),
+            "post": _op(
+                "Create an entity (get-or-create)",
+                400,
+                401,
+                403,
+                404,
+                409,
+                413,
+                422,
+                body={"type": "object", "properties": {"args": {}, "message": {}}},
+            ),
+        },
+        "/entities/{type}/{id}/messages": {
+            "post": _op(
+                "Send a message",
+                400,
+                401,
+                403,
+                404,
+                413,
+                422,
+                body={
+                    "type": "object",
+                    "required": ["payload"],
+                    "properties": {
+                        "payload": {},
+                        "client_data": {},
+                        "client_tools": {"type": "array"},
+                    },
+                },
+                params=[{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],
+            )
+        },
+        "/entities/{type}/{id}/state": {"get": _op("Committed collections", 400, 401, 403, 404)},
+        "/entities/{type}/{id}/events": {
+            "get": _op(
+                "Server-sent events: the log (and live output with live=1); resume with Last-Event-ID",
+                400,
+                401,
+                403,
+                404,
+                params=[
+                    {"name": "live", "in": "query", "schema": {"type": "boolean"}},
+                    {"name": "follow", "in": "query", "schema": {"type": "boolean"}},
+                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                ],
+            )
+        },
+        "/entities/{type}/{id}/cancel": {"post": _op("Cancel the current run", 400, 401, 403, 404)},
+        "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},
+        "/entities/{type}/{id}/actions/{call}/{verb}": {
+            "post": _op(
+                "Answer a pending action: submit {output}, fail {error}, cancel, approve "
+                "{edited_input}, deny {reason}",
+                400,
+                401,
+                403,
+                404,
+                409,
+                422,
+                params=[
+                    {"name": "call", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "verb",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"enum": ["submit", "fail", "cancel", "approve", "deny"]},
+                    },
+                ],
+            )
+        },
+    },
+}

@@ -1,0 +1,213 @@
+"""The HTTP gateway: every endpoint, error classes, SSE resume, auth and authoriser."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from runtime import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
+from runtime.gateway import bearer_tokens, create_app
+from runtime.models import ModelResponse
+
+pytestmark = pytest.mark.anyio
+TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}
+ALICE = {"authorization": "Bearer t-alice"}
+BOB = {"authorization": "Bearer t-bob"}
+
+
+class NoArgs(msgspec.Struct):
+    pass
+
+
+class Selection(msgspec.Struct):
+    text: str
+
+
+def app_registry() -> Registry:
+    reg = Registry()
+
+    @reg.entity("echo")
+    async def echo(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.reply(f"echo {m.payload}")
+
+    selected = define_tool(
+        id="browser.getSelectedText/v1", description="selection", input=NoArgs, output=Selection
+    )
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                content=[{"type": "tool_use", "id": "s1", "name": "getSelectedText", "input": {}}],
+                stop_reason="tool_use",
+            ),
+            "Done.",
+        ]
+    )
+    agent = define_agent(
+        name="page", instructions="", model=model, tools={"getSelectedText": selected}
+    )
+
+    @reg.entity("page")
+    async def page(ctx: HandlerContext) -> None:
+        ctx.use_agent(agent)
+        await ctx.agent.run()
+
+    return reg
+
+
+def only_own(identity: dict[str, str] | None, url: str, access: str) -> bool:
+    """Entities named after a user belong to that user; others are open."""
+    owner = url.rsplit("/", 1)[-1]
+    return owner not in ("alice", "bob") or (identity or {}).get("user") == owner
+
+
+async def client_for(cluster: Any) -> tuple[httpx.AsyncClient, Any]:
+    rt = await cluster.runtime(app_registry())
+    app = create_app(
+        rt, authenticate=bearer_tokens(TOKENS), authorize=only_own, max_body_bytes=10_000
+    )
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw"), rt
+
+
+def sse_events(text: str) -> list[tuple[str, str, dict[str, Any]]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((fields["id"], fields["event"], json.loads(fields["data"])))
+    return out
+
+
+async def test_send_status_state_events_and_resume(cluster):
+    http, rt = await client_for(cluster)
+    async with http:
+        sent = await http.post("/entities/echo/e1/messages", json={"payload": "hi"}, headers=ALICE)
+        assert sent.status_code == 202
+        event_id = sent.json()["event_id"]
+        again = await http.post(
+            "/entities/echo/e1/messages",
+            json={"payload": "hi"},
+            headers={**ALICE, "Idempotency-Key": "k1"},
+        )
+        dup = await http.post(
+            "/entities/echo/e1/messages",
+            json={"payload": "hi"},
+            headers={**ALICE, "Idempotency-Key": "k1"},
+        )
+        assert again.json()["event_id"] == dup.json()["event_id"] != event_id
+        await rt.wait_idle("/echo/e1")
+        status = await http.get("/entities/echo/e1", headers=ALICE)
+        assert status.status_code == 200 and status.json()["status"] == "idle"
+        state = await http.get("/entities/echo/e1/state", headers=ALICE)
+        assert state.status_code == 200 and state.json() == {}
+        stream = await http.get("/entities/echo/e1/events?follow=0", headers=ALICE)
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(stream.text)
+        kinds = [kind for _, kind, _ in events]
+        assert kinds[:2] == ["created", "msg"] and "run_finished" in kinds
+        # Resume after the second event: only what came later.
+        cursor = events[1][0]
+        resumed = await http.get(
+            "/entities/echo/e1/events?follow=0", headers={**ALICE, "Last-Event-ID": cursor}
+        )
+        assert sse_events(resumed.text) == events[2:]
+
+
+async def test_create_and_error_classes(cluster):
+    http, _ = await client_for(cluster)
+    async with http:
+        created = await http.post("/entities/echo/c1", json={"args": {"a": 1}}, headers=ALICE)
+        assert created.status_code == 201
+        conflict = await http.post("/entities/echo/c1", json={"args": {"a": 2}}, headers=ALICE)
+        assert (
+            conflict.status_code == 409 and conflict.json()["error"]["type"] == "ArgsConflictError"
+        )
+        no_auth = await http.get("/entities/echo/c1")
+        assert no_auth.status_code == 401
+        bad_token = await http.get("/entities/echo/c1", headers={"authorization": "Bearer nope"})
+        assert bad_token.status_code == 401
+        forbidden = await http.get("/entities/echo/alice", headers=BOB)
+        assert forbidden.status_code == 403 and "not allowed to read /echo/alice" in forbidden.text
+        unknown_type = await http.post(
+            "/entities/nobody/x/messages", json={"payload": 1}, headers=ALICE
+        )
+        assert (
+            unknown_type.status_code == 404 and "unknown entity type 'nobody'" in unknown_type.text
+        )
+        missing = await http.get("/entities/echo/none", headers=ALICE)
+        assert missing.status_code == 404 and "does not exist" in missing.text
+        bad_id = await http.get("/entities/echo/{bad}", headers=ALICE)
+        assert bad_id.status_code == 400 and "invalid entity id" in bad_id.text
+        malformed = await http.post(
+            "/entities/echo/c1/messages", content=b"{not json", headers=ALICE
+        )
+        assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "MalformedJSON"
+        no_payload = await http.post("/entities/echo/c1/messages", json={}, headers=ALICE)
+        assert no_payload.status_code == 400
+        too_big = await http.post(
+            "/entities/echo/c1/messages", json={"payload": "x" * 20_000}, headers=ALICE
+        )
+        assert too_big.status_code == 413
+        bad_tools = await http.post(
+            "/entities/echo/c1/messages",
+            json={
+                "payload": "x",
+                "client_tools": [{"name": "dispatch", "input_schema": {"type": "object"}}],
+            },
+            headers=ALICE,
+        )
+        assert bad_tools.status_code == 422 and "reserved" in bad_tools.text
+        # Nothing was half-written by the failed requests: one created event only.
+        events = sse_events(
+            (await http.get("/entities/echo/c1/events?follow=0", headers=ALICE)).text
+        )
+        assert [kind for _, kind, _ in events] == ["created"]
+
+
+async def test_pending_actions_over_http(cluster):
+    http, rt = await client_for(cluster)
+    async with http:
+        await http.post("/entities/page/p1/messages", json={"payload": "read it"}, headers=ALICE)
+        await rt.wait_idle("/page/p1")
+        pending = await http.get("/entities/page/p1/actions", headers=ALICE)
+        assert [a["tool_call_id"] for a in pending.json()] == ["s1"]
+        assert pending.json()[0]["authorized"] == {"user": "alice"}
+        invalid = await http.post(
+            "/entities/page/p1/actions/s1/submit", json={"output": {"text": 5}}, headers=ALICE
+        )
+        assert invalid.status_code == 422
+        wrong_user = await http.post(
+            "/entities/page/p1/actions/s1/submit", json={"output": {"text": "x"}}, headers=BOB
+        )
+        assert wrong_user.status_code == 403
+        wrong_verb = await http.post("/entities/page/p1/actions/s1/approve", json={}, headers=ALICE)
+        assert wrong_verb.status_code == 409
+        ok = await http.post(
+            "/entities/page/p1/actions/s1/submit", json={"output": {"text": "hello"}}, headers=ALICE
+        )
+        assert ok.status_code == 200
+        twice = await http.post(
+            "/entities/page/p1/actions/s1/submit", json={"output": {"text": "hello"}}, headers=ALICE
+        )
+        assert twice.status_code == 409
+        await rt.wait_idle("/page/p1")
+        assert (await http.get("/entities/page/p1/actions", headers=ALICE)).json() == []
+
+
+async def test_manifest_openapi_and_cancel(cluster):
+    http, _ = await client_for(cluster)
+    async with http:
+        manifest = await http.get("/manifest", headers=ALICE)
+        assert {t["name"] for t in manifest.json()["types"]} == {"echo", "page"}
+        spec = (await http.get("/openapi.json")).json()
+        assert (
+            spec["openapi"].startswith("3.") and "/entities/{type}/{id}/messages" in spec["paths"]
+        )
+        await http.post("/entities/echo/x/messages", json={"payload": 1}, headers=ALICE)
+        cancelled = await http.post("/entities/echo/x/cancel", json={}, headers=ALICE)
+        assert cancelled.status_code == 202
+        gone = await http.post("/entities/echo/nobody/cancel", json={}, headers=ALICE)
+        assert gone.status_code == 404
