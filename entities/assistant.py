@@ -18,6 +18,7 @@ works out the arithmetic it finds in its task.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Callable
@@ -62,7 +63,7 @@ async def handle_assistant(ctx: HandlerContext) -> None:
     ctx.use_agent(
         system_prompt=ASSISTANT_PROMPT.format(url=ctx.entity_url),
         model=pick_model(),
-        tools=[*ctx.runtime_tools, memory_store(ctx), calculator],
+        tools=[*ctx.runtime_tools, memory_store(ctx, approve_deletes=True), calculator],
     )
     await ctx.agent.run()
 
@@ -98,6 +99,7 @@ _CHILD_FAILED = re.compile(r"\[(/[a-z][a-z0-9_-]*/\S+) (failed|cancelled): (.*)\
 _REMEMBER = re.compile(r"\bremember (?:that )?(?:my )?(.+?) (?:is|are) (.+?)[.!]?$", re.I | re.S)
 _RECALL = re.compile(r"\bwhat(?:'s| is| are) my (.+?)\??$", re.I)
 _FORGET = re.compile(r"\bforget (?:about )?(?:my )?(.+?)[.!]?$", re.I)
+_SELECTION = re.compile(r"\bselect(?:ed|ion)?\b", re.I)
 _LIST = re.compile(r"\bwhat do you (?:remember|know)\b", re.I)
 _RESEARCH = re.compile(r"\b(?:research|look into|find out|investigate|delegate)\b", re.I)
 _CALCULATE = re.compile(r"\b(?:calculate|compute|what(?:'s| is))\s+(.+?)\??$", re.I)
@@ -106,7 +108,7 @@ _ARITHMETIC = re.compile(r"[\d(][\d\s.+\-*/%()]*[\d)]")
 HELP = (
     "(I am the scripted demo model: set ANTHROPIC_API_KEY to talk to Claude.) I can "
     "remember things ('remember that my X is Y'), recall them ('what is my X?'), forget "
-    "them, calculate ('calculate 2 * (3 + 4)') and hand research to a researcher "
+    "them (with your approval), read what you selected ('what did I select?'), calculate ('calculate 2 * (3 + 4)') and hand research to a researcher "
     "('research ...')."
 )
 
@@ -140,6 +142,12 @@ def assistant_step(request: ModelRequest) -> ModelResponse:
         return _call(request, "memory", {"action": "get", "key": found.group(1).strip()})
     if found := _FORGET.search(text):
         return _call(request, "memory", {"action": "delete", "key": found.group(1).strip()})
+    if _SELECTION.search(text):
+        if any(tool["name"] == "getSelectedText" for tool in request.tools):
+            return _call(request, "getSelectedText", {})
+        return ScriptedModel.text(
+            "I cannot see your screen: your client offers no getSelectedText."
+        )
     if _LIST.search(text):
         return _call(request, "memory", {"action": "list"})
     if _RESEARCH.search(text):
@@ -191,6 +199,9 @@ def _after_tools(request: ModelRequest, results: list[dict[str, Any]]) -> str:
             lines.append(f"Got it: I'll remember that your {args['key']} is {args['value']}.")
         elif name == "memory" and args.get("action") == "get":
             lines.append(text if "Nothing" in text else f"Your {text.replace(':', ' is', 1)}.")
+        elif name == "getSelectedText":
+            selected = json.loads(text).get("text") if text.startswith("{") else text
+            lines.append(f"You selected: {selected}" if selected else "You have selected nothing.")
         elif name == "dispatch":
             lines.append(
                 "I've asked a researcher to look into it; I'll answer as soon as it reports back."

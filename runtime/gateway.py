@@ -3,13 +3,16 @@
 Routes (all JSON; errors are ``{"error": {"type", "message"}}`` with the
 status code below):
 
+    GET  /                                          the web console (static, /console/)
     GET  /manifest                                  the registry's contract
     GET  /openapi.json                              this API
+    GET  /entities/{type}                           urls of the type's entities (readable ones)
     POST /entities/{type}/{id}                      create (get-or-create) {args, message}
     POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
                                                     header Idempotency-Key
     GET  /entities/{type}/{id}                      status
     GET  /entities/{type}/{id}/state                committed collections
+    GET  /entities/{type}/{id}/children             spawned children and their last run
     GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0);
                                                     resumable with Last-Event-ID
     POST /entities/{type}/{id}/cancel               cancel the current run
@@ -31,13 +34,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from .actions import (
     ActionError,
@@ -60,6 +65,8 @@ from .errors import (
 from .events import LogRecord, UndecodableRecord
 from .live import LiveRecord
 from .urls import entity_url
+
+CONSOLE_DIR = Path(__file__).parent / "console"
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -215,6 +222,21 @@ def create_app(
         return JSONResponse(await runtime.state(url))
 
     @endpoint
+    async def listing(request: Request) -> Response:
+        identity = await caller(request)
+        urls = await runtime.list(request.path_params["type"])
+        return JSONResponse([u for u in urls if authorize(identity, u, "read")])
+
+    @endpoint
+    async def children(request: Request) -> Response:
+        url, _ = await entity(request, "read")
+        await runtime.status(url)
+        return JSONResponse([msgspec.to_builtins(c) for c in await runtime.children(url)])
+
+    async def console_root(request: Request) -> Response:
+        return RedirectResponse("/console/")
+
+    @endpoint
     async def cancel(request: Request) -> Response:
         url, _ = await entity(request, "write")
         data = await body(request)
@@ -273,12 +295,16 @@ def create_app(
     base = "/entities/{type}/{id}"
     return Starlette(
         routes=[
+            Route("/", console_root),
+            Mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console"),
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
+            Route("/entities/{type}", listing, methods=["GET"]),
             Route(base, create, methods=["POST"]),
             Route(base, status, methods=["GET"]),
             Route(base + "/messages", send, methods=["POST"]),
             Route(base + "/state", state),
+            Route(base + "/children", children),
             Route(base + "/events", events),
             Route(base + "/cancel", cancel, methods=["POST"]),
             Route(base + "/actions", actions),
@@ -410,7 +436,17 @@ OPENAPI: dict[str, Any] = {
                 params=[{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],
             )
         },
+        "/entities/{type}": {
+            "get": {
+                "summary": "Urls of the type's entities the caller may read",
+                "parameters": [_ENTITY_PARAMS[0]],
+                "responses": {"200": {"description": "ok"}, "401": _ERROR, "404": _ERROR},
+            }
+        },
         "/entities/{type}/{id}/state": {"get": _op("Committed collections", 400, 401, 403, 404)},
+        "/entities/{type}/{id}/children": {
+            "get": _op("Spawned children and their last run", 400, 401, 403, 404)
+        },
         "/entities/{type}/{id}/events": {
             "get": _op(
                 "Server-sent events: the log (and live output with live=1); resume with Last-Event-ID",

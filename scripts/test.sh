@@ -18,5 +18,11 @@ if ! redis_up; then
   redis_up || { echo "redis-server did not start; see /tmp/wakeful-test-redis.log"; exit 1; }
 fi
 
+# The web console's tests drive Debian's Chromium (no browser download).
+if [ ! -x "${WAKEFUL_CHROMIUM:-/usr/bin/chromium}" ]; then
+  echo "installing chromium (Debian package) for the browser tests"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null
+fi
+
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest "$@"

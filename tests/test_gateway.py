@@ -211,3 +211,31 @@ async def test_manifest_openapi_and_cancel(cluster):
         assert cancelled.status_code == 202
         gone = await http.post("/entities/echo/nobody/cancel", json={}, headers=ALICE)
         assert gone.status_code == 404
+
+
+async def test_listing_children_and_console(cluster):
+    http, rt = await client_for(cluster)
+    async with http:
+        for name in ("alice", "bob", "shared"):
+            await http.post(
+                f"/entities/echo/{name}", json={}, headers=ALICE if name != "bob" else BOB
+            )
+        listed = await http.get("/entities/echo", headers=ALICE)
+        # The authoriser filters the listing: alice does not see bob's entity.
+        assert listed.status_code == 200 and sorted(listed.json()) == [
+            "/echo/alice",
+            "/echo/shared",
+        ]
+        unknown = await http.get("/entities/nobody", headers=ALICE)
+        assert unknown.status_code == 404
+        assert (await http.get("/entities/echo")).status_code == 401
+        children = await http.get("/entities/echo/shared/children", headers=ALICE)
+        assert children.status_code == 200 and children.json() == []
+        missing = await http.get("/entities/echo/gone/children", headers=ALICE)
+        assert missing.status_code == 404
+        root = await http.get("/")
+        assert root.status_code == 307 and root.headers["location"] == "/console/"
+        page = await http.get("/console/")
+        assert page.status_code == 200 and "console.js" in page.text
+        script = await http.get("/console/console.js")
+        assert "getSelectedText" in script.text

@@ -29,7 +29,9 @@ def test_readme_agent_example_defines_a_working_tool():
     namespace: dict = {"__name__": "readme"}
     exec(compile(code, "README.md", "exec"), namespace)
     assert "helper" in namespace["registry"]
-    result = asyncio.run(namespace["weather"]("t1", namespace["Weather"]("Oslo"), None, lambda u: None))
+    result = asyncio.run(
+        namespace["weather"]("t1", namespace["Weather"]("Oslo"), None, lambda u: None)
+    )
     assert (result.content, result.details) == ("Sunny in Oslo", {"temp_c": 21})
 
 

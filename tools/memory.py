@@ -66,8 +66,14 @@ def _problem(p: MemoryRequest) -> str | None:
     return None
 
 
-def memory_store(ctx: HandlerContext, collection: str = "kv") -> AgentTool:
+def memory_store(
+    ctx: HandlerContext, collection: str = "kv", *, approve_deletes: bool = False
+) -> AgentTool:
     """The ``memory`` tool over ``collection`` of the entity awake in ``ctx``.
+
+    With ``approve_deletes`` a ``delete`` call waits for a person's approval
+    (``rt.approve`` / ``rt.deny``, the console's buttons) before it runs; the
+    run is suspended meanwhile and resumes with the decision.
 
     The collection must be declared with rows of :class:`Note` keyed by
     ``key`` (``MEMORY_COLLECTION``). A missing collection is a programming
@@ -119,6 +125,9 @@ def memory_store(ctx: HandlerContext, collection: str = "kv") -> AgentTool:
             details={"key": key, "replaced": current.value},
         )
 
+    async def delete_needs_approval(call_id: str, p: MemoryRequest) -> bool:
+        return p.action == "delete" and rows.get((p.key or "").strip()) is not None
+
     return AgentTool(
         "memory",
         "Your long-term memory, kept across conversations and restarts: get, set, delete "
@@ -127,6 +136,7 @@ def memory_store(ctx: HandlerContext, collection: str = "kv") -> AgentTool:
         MemoryRequest,
         execute,
         label="Memory",
+        needs_approval=delete_needs_approval if approve_deletes else None,
     )
 
 

@@ -1,0 +1,642 @@
+// The Wakeful console: one entity at a time, over the gateway's HTTP API.
+//
+// The chat is drawn from the entity's event stream (GET .../events?live=1, read
+// with fetch so that it can carry the Authorization header): durable events
+// draw messages, tool calls and run outcomes; live events stream the text of
+// the step being generated and tool progress. A dropped stream is resumed with
+// Last-Event-ID, so nothing is drawn twice or missed. The side panels (status,
+// pending actions, children, state) are re-read after durable events.
+//
+// The page offers one client tool to the agent, getSelectedText, and answers it
+// itself with the text selected in the "Page text" panel.
+"use strict";
+
+const CLIENT_TOOLS = [
+  {
+    name: "getSelectedText",
+    description:
+      "client.getSelectedText: the text the user has selected in their console page " +
+      "(empty if nothing is selected). Answered by the user's browser.",
+    input_schema: { type: "object", properties: {} },
+    output_schema: {
+      type: "object",
+      properties: { text: { type: "string" } },
+      required: ["text"],
+    },
+  },
+];
+
+const $ = (selector) => document.querySelector(selector);
+
+const app = {
+  url: null, // "/type/id" of the open entity
+  stream: null, // AbortController of the event stream
+  lastEventId: null, // "<log id>|<live id>", for resuming
+  streaming: null, // the agent bubble receiving live text
+  runText: false, // the open run has shown agent text
+  toolCards: new Map(), // tool_call_id -> element
+  answering: new Set(), // client tool calls answered (or being answered) by this page
+  selection: "",
+  refreshTimer: null,
+};
+
+// -- HTTP ------------------------------------------------------------------------
+
+function requestHeaders(extra = {}) {
+  const headers = { "content-type": "application/json", ...extra };
+  const token = $("#token").value.trim();
+  if (token) headers.authorization = `Bearer ${token}`;
+  return headers;
+}
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function api(method, path, body, extraHeaders) {
+  const response = await fetch(path, {
+    method,
+    headers: requestHeaders(extraHeaders),
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = text;
+  }
+  if (!response.ok) {
+    const detail = data && data.error ? `${data.error.type}: ${data.error.message}` : text;
+    throw new ApiError(response.status, `${method} ${path} failed (${response.status}): ${detail}`);
+  }
+  return data;
+}
+
+function entityPath(url, suffix = "") {
+  const [, type, id] = url.split("/");
+  return `/entities/${encodeURIComponent(type)}/${encodeURIComponent(id)}${suffix}`;
+}
+
+function newKey() {
+  return window.crypto && crypto.randomUUID
+    ? crypto.randomUUID()
+    : `${Date.now()}-${Math.random().toString(16).slice(2)}`;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function showError(error) {
+  $("#error").textContent = error ? String(error.message || error) : "";
+}
+
+// -- opening an entity -----------------------------------------------------------
+
+async function loadTypes() {
+  try {
+    const manifest = await api("GET", "/manifest");
+    const select = $("#entity-type");
+    const current = select.value;
+    select.replaceChildren(
+      ...manifest.types.map((t) => new Option(t.name, t.name, false, t.name === current)),
+    );
+    showError(null);
+    refreshEntities();
+  } catch (error) {
+    showError(error.status === 401 ? new Error("Enter a bearer token to use this gateway.") : error);
+  }
+}
+
+async function openEntity(type, id) {
+  const url = `/${type}/${id}`;
+  closeStream();
+  Object.assign(app, { url, lastEventId: null, streaming: null, runText: false });
+  app.toolCards.clear();
+  app.answering.clear();
+  $("#messages").replaceChildren();
+  $("#entity-title").textContent = url;
+  $("#entity-type").value = type;
+  $("#entity-id").value = id;
+  if (location.hash !== `#${url}`) history.replaceState(null, "", `#${url}`);
+  try {
+    await api("POST", entityPath(url), {}); // get-or-create
+  } catch (error) {
+    if (error.status !== 409) {
+      showError(error);
+      return;
+    }
+  }
+  showError(null);
+  for (const el of ["#input", "#send", "#cancel-run"]) $(el).disabled = false;
+  $("#input").focus();
+  follow(url);
+  refreshPanels();
+  refreshEntities();
+}
+
+function closeStream() {
+  if (app.stream) app.stream.abort();
+  app.stream = null;
+}
+
+// -- the event stream ------------------------------------------------------------
+
+async function follow(url) {
+  const controller = new AbortController();
+  app.stream = controller;
+  let delay = 250;
+  while (!controller.signal.aborted) {
+    try {
+      const headers = requestHeaders({ accept: "text/event-stream" });
+      if (app.lastEventId) headers["last-event-id"] = app.lastEventId;
+      const response = await fetch(entityPath(url, "/events?live=1"), {
+        headers,
+        signal: controller.signal,
+      });
+      if (!response.ok) throw new ApiError(response.status, `event stream: ${response.status}`);
+      setConnection("live");
+      delay = 250;
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          if (app.stream === controller) handleBlock(block);
+        }
+      }
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      if (error.status === 401 || error.status === 403 || error.status === 404) {
+        showError(error);
+        return;
+      }
+    }
+    setConnection("reconnecting");
+    await sleep(delay);
+    delay = Math.min(delay * 2, 5000);
+  }
+}
+
+function setConnection(state) {
+  $("#entity-title").dataset.connection = state;
+  $("#entity-title").textContent = `${app.url} · ${state}`;
+}
+
+function handleBlock(block) {
+  const fields = {};
+  for (const line of block.split("\n")) {
+    const colon = line.indexOf(": ");
+    if (colon > 0) fields[line.slice(0, colon)] = line.slice(colon + 2);
+  }
+  if (!fields.data) return;
+  if (fields.id) app.lastEventId = fields.id;
+  const { event } = JSON.parse(fields.data);
+  if (fields.event === "live") {
+    onLive(event);
+  } else {
+    onDurable(fields.event, event);
+    scheduleRefresh();
+  }
+}
+
+function onLive(event) {
+  if (event.kind === "text") {
+    if (!app.streaming) app.streaming = addBubble("agent", "");
+    const bubble = app.streaming;
+    bubble.classList.add("streaming");
+    bubble.querySelector(".text").textContent += event.data;
+    bubble.dataset.deltas = String(Number(bubble.dataset.deltas || 0) + 1);
+  } else if (event.kind === "tool_update") {
+    const card = toolCard(event.tool_call_id, event.tool);
+    card.querySelector(".progress").textContent = show(event.data);
+    setToolState(card, "running");
+  }
+  scrollDown();
+}
+
+function onDurable(kind, event) {
+  switch (kind) {
+    case "msg":
+      addBubble("user", show(event.payload), event.sender ? `from ${event.sender}` : null);
+      break;
+    case "run_started":
+      app.runText = false;
+      break;
+    case "assistant_step":
+      onAssistantStep(event);
+      break;
+    case "tool_intent":
+      for (const call of event.calls) setToolState(toolCard(call.id, call.name), "running");
+      break;
+    case "tool_result": {
+      const card = toolCard(event.tool_call_id, event.name);
+      card.querySelector(".result").textContent = blocksText(event.content);
+      card.querySelector(".progress").textContent = "";
+      const denied = card.dataset.decision === "denied";
+      setToolState(card, denied ? "denied" : event.is_error ? "error" : "done");
+      break;
+    }
+    case "action_requested": {
+      const card = toolCard(event.tool_call_id, event.tool);
+      setToolState(card, event.kind === "approval" ? "waiting for approval" : "waiting for the client");
+      break;
+    }
+    case "action_settled": {
+      const card = toolCard(event.tool_call_id);
+      const who = event.by ? ` by ${event.by.user || show(event.by)}` : "";
+      card.dataset.decision = event.decision;
+      setToolState(card, event.decision === "denied" ? "denied" : `${event.decision}${who}`);
+      break;
+    }
+    case "child_run_finished":
+      addNote(`${event.child} ${event.status}${event.error ? `: ${event.error}` : ""}`, event.status !== "completed");
+      break;
+    case "run_finished":
+      finishStreaming();
+      if (event.status === "completed" && event.response && !app.runText) {
+        addBubble("agent", event.response);
+      } else if (event.status !== "completed") {
+        addNote(`run ${event.status}${event.error ? `: ${event.error}` : ""}`, true);
+      }
+      break;
+    case "cancel":
+      addNote(`cancel requested: ${event.reason}`);
+      break;
+    case "handler_error":
+      addNote(`handler error (attempt ${event.attempt}): ${event.error_type}: ${event.error}`, true);
+      break;
+    case "failed":
+      addNote(`entity failed after ${event.attempts} attempts: ${event.error}`, true);
+      break;
+    case "undecodable":
+      addNote(`an event could not be decoded: ${event.error}`, true);
+      break;
+    default:
+      break; // bookkeeping events (state, outbox, timers, ...) show in the side panels
+  }
+  scrollDown();
+}
+
+function onAssistantStep(event) {
+  const text = event.content
+    .filter((b) => b.type === "text")
+    .map((b) => b.text)
+    .join("");
+  if (text) {
+    const bubble = app.streaming || addBubble("agent", "");
+    bubble.querySelector(".text").textContent = text; // the durable text is the truth
+    app.runText = true;
+  }
+  finishStreaming();
+  for (const block of event.content) {
+    if (block.type !== "tool_use") continue;
+    const card = toolCard(block.id, block.name);
+    card.querySelector(".input").textContent = show(block.input);
+    setToolState(card, "requested");
+  }
+}
+
+function finishStreaming() {
+  if (app.streaming) app.streaming.classList.remove("streaming");
+  app.streaming = null;
+}
+
+// -- drawing ---------------------------------------------------------------------
+
+function show(value) {
+  if (value === null || value === undefined) return "";
+  return typeof value === "string" ? value : JSON.stringify(value);
+}
+
+function blocksText(content) {
+  if (typeof content === "string") return content;
+  return (content || []).map((b) => (b.type === "text" ? b.text : show(b))).join("\n");
+}
+
+function addBubble(role, text, from) {
+  const bubble = document.createElement("div");
+  bubble.className = `bubble ${role}`;
+  if (from) {
+    const label = document.createElement("span");
+    label.className = "from";
+    label.textContent = from;
+    bubble.append(label);
+  }
+  const body = document.createElement("span");
+  body.className = "text";
+  body.textContent = text;
+  bubble.append(body);
+  $("#messages").append(bubble);
+  return bubble;
+}
+
+function addNote(text, bad = false) {
+  const note = document.createElement("div");
+  note.className = `note${bad ? " bad" : ""}`;
+  note.textContent = text;
+  $("#messages").append(note);
+}
+
+function toolCard(callId, name) {
+  let card = app.toolCards.get(callId);
+  if (!card) {
+    card = document.createElement("div");
+    card.className = "tool";
+    card.dataset.call = callId;
+    card.innerHTML =
+      '<span class="name"></span><span class="state"></span>' +
+      '<div class="input json"></div><div class="progress"></div><div class="result"></div>';
+    $("#messages").append(card);
+    app.toolCards.set(callId, card);
+  }
+  if (name) card.querySelector(".name").textContent = `⚙ ${name}`;
+  return card;
+}
+
+function setToolState(card, state) {
+  const simple = state.split(" ")[0];
+  card.dataset.state = ["done", "error", "denied", "running"].includes(simple) ? simple : "waiting";
+  card.querySelector(".state").textContent = state;
+}
+
+function scrollDown() {
+  const box = $("#messages");
+  box.scrollTop = box.scrollHeight;
+}
+
+// -- side panels -----------------------------------------------------------------
+
+function scheduleRefresh() {
+  clearTimeout(app.refreshTimer);
+  app.refreshTimer = setTimeout(refreshPanels, 100);
+}
+
+async function refreshPanels() {
+  const url = app.url;
+  if (!url) return;
+  try {
+    const [status, actions, children, state] = await Promise.all([
+      api("GET", entityPath(url)),
+      api("GET", entityPath(url, "/actions")),
+      api("GET", entityPath(url, "/children")),
+      api("GET", entityPath(url, "/state")),
+    ]);
+    if (url !== app.url) return;
+    drawStatus(status);
+    drawActions(actions);
+    drawChildren(children);
+    drawState(state);
+    answerClientTools(actions);
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function drawStatus(status) {
+  const suspended = status.status === "idle" && status.pending_actions > 0;
+  const rows = [
+    ["entity", status.url],
+    ["status", suspended ? "suspended" : status.status],
+    ["cursor", status.cursor],
+    ["pending actions", status.pending_actions],
+    ["awaited children", status.awaited_children],
+    ["timers", status.timers],
+  ];
+  if (status.parent) rows.push(["parent", status.parent]);
+  if (status.error) rows.push(["error", status.error]);
+  $("#status").replaceChildren(
+    ...rows.flatMap(([key, value]) => {
+      const dt = document.createElement("dt");
+      dt.textContent = key;
+      const dd = document.createElement("dd");
+      if (key === "parent") dd.append(entityLink(value));
+      else dd.textContent = show(value);
+      if (key === "status") dd.className = `status-${dd.textContent}`;
+      return [dt, dd];
+    }),
+  );
+}
+
+function drawActions(actions) {
+  const box = $("#actions");
+  if (!actions.length) {
+    box.innerHTML = '<p class="muted">none</p>';
+    return;
+  }
+  box.replaceChildren(
+    ...actions.map((action) => {
+      const card = document.createElement("div");
+      card.className = "action";
+      card.dataset.call = action.tool_call_id;
+      card.dataset.kind = action.kind;
+      card.innerHTML =
+        '<div><strong class="tool-name"></strong> <span class="muted kind"></span></div>' +
+        '<pre class="input"></pre><div class="buttons"></div>';
+      card.querySelector(".tool-name").textContent = action.tool;
+      card.querySelector(".kind").textContent =
+        action.kind === "approval" ? "needs your approval" : "waits for the client";
+      card.querySelector(".input").textContent = JSON.stringify(action.input, null, 1);
+      const buttons = card.querySelector(".buttons");
+      if (action.kind === "approval") {
+        buttons.append(
+          button("Approve", "approve", () => answer(action, "approve", {})),
+          button("Deny", "deny", () => answer(action, "deny", { reason: "denied in the console" })),
+        );
+      } else if (!app.answering.has(action.tool_call_id)) {
+        buttons.append(
+          button("Fail", "deny", () => answer(action, "fail", { error: "failed in the console" })),
+        );
+      }
+      return card;
+    }),
+  );
+}
+
+function button(label, className, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.className = className;
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    await onClick();
+  });
+  return b;
+}
+
+async function answer(action, verb, body) {
+  try {
+    await api("POST", entityPath(app.url, `/actions/${encodeURIComponent(action.tool_call_id)}/${verb}`), body);
+    showError(null);
+  } catch (error) {
+    showError(error);
+  }
+  scheduleRefresh();
+}
+
+// The browser-side tool: answer each pending getSelectedText call once.
+function answerClientTools(actions) {
+  for (const action of actions) {
+    if (action.kind !== "client" || action.tool !== "getSelectedText") continue;
+    if (app.answering.has(action.tool_call_id)) continue;
+    app.answering.add(action.tool_call_id);
+    answer(action, "submit", { output: { text: currentSelection() } });
+  }
+}
+
+function currentSelection() {
+  const selection = window.getSelection();
+  const text = selection ? selection.toString() : "";
+  if (text && $("#page-text").contains(selection.anchorNode)) return text;
+  return app.selection;
+}
+
+function drawChildren(children) {
+  const box = $("#children");
+  if (!children.length) {
+    box.innerHTML = '<p class="muted">none</p>';
+    return;
+  }
+  const table = document.createElement("table");
+  table.innerHTML = "<tr><th>child</th><th>status</th><th>response</th></tr>";
+  for (const child of children) {
+    const row = table.insertRow();
+    row.insertCell().append(entityLink(child.url));
+    const status = row.insertCell();
+    status.textContent = child.pending ? "running" : child.status;
+    status.className = `status-${status.textContent}`;
+    row.insertCell().textContent = child.response || child.error || "";
+  }
+  box.replaceChildren(table);
+}
+
+function drawState(state) {
+  const box = $("#state");
+  const names = Object.keys(state);
+  if (!names.length) {
+    box.innerHTML = '<p class="muted">no collections</p>';
+    return;
+  }
+  box.replaceChildren(
+    ...names.map((name) => {
+      const section = document.createElement("div");
+      section.className = "collection";
+      section.dataset.collection = name;
+      const title = document.createElement("strong");
+      title.textContent = `${name} (${state[name].length})`;
+      const rows = state[name];
+      const columns = [...new Set(rows.flatMap((r) => (r && typeof r === "object" ? Object.keys(r) : [])))];
+      const table = document.createElement("table");
+      if (columns.length) {
+        const head = table.insertRow();
+        for (const column of columns) head.insertCell().textContent = column;
+        for (const row of rows) {
+          const tr = table.insertRow();
+          for (const column of columns) tr.insertCell().textContent = show(row[column]);
+        }
+      } else {
+        for (const row of rows) table.insertRow().insertCell().textContent = show(row);
+      }
+      section.append(title, table);
+      return section;
+    }),
+  );
+}
+
+async function refreshEntities() {
+  const type = $("#entity-type").value;
+  if (!type) return;
+  try {
+    const urls = await api("GET", `/entities/${encodeURIComponent(type)}`);
+    $("#entities").replaceChildren(
+      ...urls.map((url) => {
+        const li = document.createElement("li");
+        li.append(entityLink(url));
+        return li;
+      }),
+    );
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function entityLink(url) {
+  const a = document.createElement("a");
+  a.textContent = url;
+  a.href = `#${url}`;
+  return a;
+}
+
+// -- wiring ----------------------------------------------------------------------
+
+async function sendMessage() {
+  const text = $("#input").value.trim();
+  if (!text || !app.url) return;
+  $("#send").disabled = true;
+  try {
+    await api(
+      "POST",
+      entityPath(app.url, "/messages"),
+      { payload: text, client_tools: CLIENT_TOOLS },
+      { "idempotency-key": newKey() },
+    );
+    $("#input").value = "";
+    showError(null);
+  } catch (error) {
+    showError(error);
+  } finally {
+    $("#send").disabled = false;
+  }
+}
+
+function openFromHash() {
+  const match = /^#\/([^/]+)\/([^/]+)$/.exec(location.hash);
+  if (match) openEntity(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
+}
+
+$("#open-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  openEntity($("#entity-type").value, $("#entity-id").value.trim());
+});
+$("#composer").addEventListener("submit", (e) => {
+  e.preventDefault();
+  sendMessage();
+});
+$("#input").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) {
+    e.preventDefault();
+    sendMessage();
+  }
+});
+$("#cancel-run").addEventListener("click", async () => {
+  try {
+    await api("POST", entityPath(app.url, "/cancel"), { reason: "cancelled in the console" });
+  } catch (error) {
+    showError(error);
+  }
+});
+$("#entity-type").addEventListener("change", refreshEntities);
+$("#token").addEventListener("change", () => {
+  localStorage.setItem("wakeful-token", $("#token").value);
+  loadTypes();
+});
+document.addEventListener("selectionchange", () => {
+  const selection = window.getSelection();
+  const text = selection ? selection.toString() : "";
+  if (text && $("#page-text").contains(selection.anchorNode)) {
+    app.selection = text;
+    $("#selection").textContent = text;
+  }
+});
+window.addEventListener("hashchange", openFromHash);
+
+$("#token").value = localStorage.getItem("wakeful-token") || "";
+loadTypes().then(openFromHash);

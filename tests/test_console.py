@@ -1,0 +1,213 @@
+"""The web console in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+The gateway serves the ready ``assistant`` entity (its scripted demo model, no
+API key) on a real port; the page talks to it as a user would: it sends a
+message and sees the reply streamed, approves a pending memory deletion with
+its button, and answers the client tool ``getSelectedText`` from the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from entities import registry
+from runtime.events import ActionSettled
+from runtime.gateway import create_app
+
+pytestmark = pytest.mark.anyio
+CHROMIUM = os.environ.get("WAKEFUL_CHROMIUM", "/usr/bin/chromium")
+TIMEOUT_MS = 15_000
+
+
+def _chromium() -> str:
+    if shutil.which(CHROMIUM) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"no Chromium at {CHROMIUM}; scripts/test.sh should have installed it")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    return CHROMIUM
+
+
+@pytest.fixture
+async def gateway(cluster: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The gateway on a free port of 127.0.0.1, with an in-process worker."""
+    rt = await cluster.runtime(registry)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(rt), host="127.0.0.1", port=0, log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", rt
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def page(gateway: tuple[str, Any]) -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    executable = _chromium()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=executable,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page
+            assert errors == [], f"the page raised: {errors}"
+        finally:
+            await browser.close()
+
+
+async def open_entity(page: Any, base: str, entity_id: str) -> None:
+    await page.goto(f"{base}/")
+    await page.wait_for_selector("#entity-type option[value=assistant]", state="attached")
+    await page.select_option("#entity-type", "assistant")
+    await page.fill("#entity-id", entity_id)
+    await page.click("#open")
+    await page.wait_for_selector("#entity-title[data-connection=live]")
+
+
+async def say(page: Any, text: str) -> None:
+    await page.fill("#input", text)
+    await page.press("#input", "Enter")
+
+
+async def last_agent_text(page: Any) -> str:
+    return await page.locator(".bubble.agent .text").last.inner_text()
+
+
+async def test_chat_streams_the_reply(gateway, page):
+    base, rt = gateway
+    await open_entity(page, base, "web1")
+    await say(page, "remember that my color is teal")
+    reply = page.locator(".bubble.agent", has_text="I'll remember that your color is teal")
+    await reply.wait_for()
+    # The text arrived as live deltas before the durable step replaced it.
+    assert int(await reply.get_attribute("data-deltas") or 0) >= 1
+    assert "streaming" not in (await reply.get_attribute("class") or "")
+    # The user's message, the tool call and the state panel are drawn from the log.
+    await page.locator(".bubble.user", has_text="remember that my color is teal").wait_for()
+    await page.locator(".tool[data-state=done]", has_text="memory").wait_for()
+    await page.locator("#state [data-collection=kv]", has_text="teal").wait_for()
+    await page.locator("#status .status-idle").wait_for()
+    assert (await rt.state("/assistant/web1"))["kv"] == [{"key": "color", "value": "teal"}]
+
+
+async def test_approve_a_pending_call(gateway, page):
+    base, rt = gateway
+    await rt.ask("/assistant/web2", "remember that my city is Lyon")
+    await open_entity(page, base, "web2")
+    # The history is replayed from the log.
+    await page.locator(".bubble.agent", has_text="your city is Lyon").wait_for()
+    await say(page, "forget my city")
+    approve = page.locator("#actions .action[data-kind=approval] button.approve")
+    await approve.wait_for()
+    assert (await rt.pending_actions("/assistant/web2"))[0].tool == "memory"
+    await approve.click()
+    await page.locator(".bubble.agent", has_text="Forgot 'city'.").wait_for()
+    await page.locator("#actions", has_text="none").wait_for()
+    status = await rt.wait_idle("/assistant/web2")
+    assert status.pending_actions == 0
+    assert (await rt.state("/assistant/web2"))["kv"] == []
+
+
+async def test_deny_keeps_the_row(gateway, page):
+    base, rt = gateway
+    await rt.ask("/assistant/web3", "remember that my pet is a cat")
+    await open_entity(page, base, "web3")
+    await say(page, "forget my pet")
+    await page.locator("#actions button.deny").click()
+    await page.locator(".tool[data-state=denied]", has_text="memory").wait_for()
+    await page.locator(".bubble.agent", has_text="That did not work").wait_for()
+    await rt.wait_idle("/assistant/web3")
+    assert (await rt.state("/assistant/web3"))["kv"] == [{"key": "pet", "value": "a cat"}]
+
+
+async def test_page_answers_the_client_tool(gateway, page):
+    base, rt = gateway
+    await open_entity(page, base, "web4")
+    # Select "append-only log" in the page text, as a user would with the mouse.
+    await page.evaluate(
+        """() => {
+            const node = document.querySelector('#page-text').firstChild;
+            const start = node.textContent.indexOf('append-only log');
+            const range = document.createRange();
+            range.setStart(node, start);
+            range.setEnd(node, start + 'append-only log'.length);
+            getSelection().removeAllRanges();
+            getSelection().addRange(range);
+        }"""
+    )
+    await page.locator("#selection", has_text="append-only log").wait_for()
+    await say(page, "what did I select?")
+    await page.locator(".bubble.agent", has_text="You selected: append-only log").wait_for()
+    card = page.locator(".tool[data-state=done]", has_text="getSelectedText")
+    assert "append-only log" in await card.locator(".result").inner_text()
+    answers = [
+        r.event async for r in rt.events("/assistant/web4") if isinstance(r.event, ActionSettled)
+    ]
+    assert [(a.decision, a.output) for a in answers] == [("output", {"text": "append-only log"})]
+
+
+async def test_children_panel_and_navigation(gateway, page):
+    base, rt = gateway
+    await open_entity(page, base, "web5")
+    await say(page, "research what 6 * 7 is")
+    await page.locator(".bubble.agent", has_text="The researcher reports back").wait_for()
+    child_link = page.locator("#children a")
+    await child_link.wait_for()
+    child_url = await child_link.inner_text()
+    assert [c.url for c in await rt.children("/assistant/web5")] == [child_url]
+    await page.locator("#children .status-completed").wait_for()
+    await child_link.click()
+    await page.wait_for_selector(f"#entity-title:has-text('{child_url}')")
+    await page.locator(".bubble.agent", has_text="42").wait_for()
+    await page.locator("#status a", has_text="/assistant/web5").wait_for()
+
+
+async def test_bad_token_is_reported(cluster):
+    """With authentication on, the page says a token is needed instead of failing silently."""
+    from playwright.async_api import async_playwright
+
+    from runtime.gateway import bearer_tokens
+
+    executable = _chromium()
+    rt = await cluster.runtime(registry)
+    app = create_app(rt, authenticate=bearer_tokens({"sesame": {"user": "ann"}}))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+            )
+            page = await browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            await page.goto(f"{base}/")
+            await page.locator("#error", has_text="Enter a bearer token").wait_for()
+            await page.fill("#token", "sesame")
+            await page.dispatch_event("#token", "change")
+            await page.wait_for_selector("#entity-type option[value=assistant]", state="attached")
+            assert await page.locator("#error").inner_text() == ""
+            await browser.close()
+    finally:
+        server.should_exit = True
+        await task
