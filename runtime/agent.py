@@ -367,7 +367,7 @@ class Agent:
                     f"{self.max_run_tokens}",
                 )
             try:
-                response = await self._step()
+                response = await self._step(run_id, len(steps) + 1)
             except _RunFailed as exc:
                 return await self._finish(run_id, "failed", error=str(exc))
             await self._journal(
@@ -385,7 +385,7 @@ class Agent:
         done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
         return all(b["id"] in done for b in tool_uses(step.content))
 
-    async def _step(self) -> ModelResponse:
+    async def _step(self, run_id: str, step: int) -> ModelResponse:
         request = ModelRequest(
             model=self.model.name,
             system=self.system_prompt,
@@ -394,8 +394,12 @@ class Agent:
             max_tokens=self.max_output_tokens,
         )
         live = self.ctx._live
+
+        def on_text(delta: str) -> None:
+            live.text(delta, run_id=run_id, step=step)
+
         try:
-            return await self._race(self.model.complete(request, on_text=live.text))
+            return await self._race(self.model.complete(request, on_text=on_text))
         except ModelError as exc:
             if exc.retryable:
                 raise  # the wake is retried with backoff and resumes from the journal

@@ -2,16 +2,20 @@
 
     wakeful demo                         run the demo on the embedded default
     wakeful worker APP                   run a worker for the registry APP (module:attr)
+    wakeful serve APP                    the HTTP gateway and web console
     wakeful send URL TEXT                send a message, print its event id
-    wakeful inspect URL                  status, state, children, pending actions
-    wakeful ls TYPE                      entities of a type
-    wakeful tail URL [--follow]          the entity log
+    wakeful ask URL TEXT                 send a message and stream the reply
+    wakeful tail URL [-f] [--live]       the entity log (and live output), resumable
+    wakeful inspect URL                  status, lease, lag, state, children, actions
+    wakeful ls [TYPE]                    entities (of a type) and their status
+    wakeful pending URL                  tool calls waiting for a client or an approval
+    wakeful approve URL CALL             approve a pending call (deny: refuse it)
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful manifest APP                 the registry's manifest as JSON
 
 The connection comes from ``--redis`` or ``WAKEFUL_REDIS_URL``; every other
-setting from ``WAKEFUL_*`` variables (see README). Exit codes: 0 ok, 1 error
-reported by Wakeful (bad input, unknown entity), 2 usage error.
+setting from ``WAKEFUL_*`` variables (see README). Tables and colours on a
+terminal, plain text when piped, JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import asyncio
 import dataclasses
 import gc
 import importlib
-import json
 import logging
 import signal
 import sys
@@ -29,11 +32,26 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import redis.exceptions
 
+from . import terminal
 from .client import Runtime
 from .config import Settings
-from .errors import WakefulError
+from .errors import WaitTimeoutError, WakefulError
+from .events import LogRecord
+from .live import LiveRecord
 from .registry import Registry
+from .terminal import err, out
+
+# Exit codes.
+OK = 0
+ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
+USAGE = 2  # argparse
+RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
+SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
+TIMED_OUT = 5  # ask: not idle within --timeout
+UNREACHABLE = 6  # Redis did not answer
+INTERRUPTED = 130
 
 
 def load_registry(spec: str) -> Registry:
@@ -53,15 +71,33 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(redis_url=getattr(args, "redis", None))
 
 
-def _print(data: Any, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(msgspec.to_builtins(data), indent=2, default=str))
-    elif isinstance(data, dict):
-        width = max((len(str(k)) for k in data), default=0)
-        for key, value in data.items():
-            print(f"{key:<{width}}  {value}")
-    else:
-        print(data)
+def _identity(args: argparse.Namespace) -> dict[str, str] | None:
+    pairs = getattr(args, "identity", None) or []
+    identity = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise WakefulError(f"--identity {pair!r} must be KEY=VALUE")
+        identity[key] = value
+    return identity or None
+
+
+async def _client(args: argparse.Namespace) -> Runtime:
+    registry = load_registry(args.app) if getattr(args, "app", None) else Registry()
+    settings = _settings(args)
+    if settings.redis_url is None:
+        raise WakefulError(
+            f"wakeful {args.command} needs a Redis: pass --redis or set WAKEFUL_REDIS_URL"
+        )
+    rt = Runtime(registry, settings=settings, run_worker=False)
+    try:
+        return await rt.start()
+    except redis.exceptions.ConnectionError:
+        await rt.close()
+        raise
+
+
+# -- processes ----------------------------------------------------------------------
 
 
 async def _worker(args: argparse.Namespace) -> int:
@@ -70,7 +106,8 @@ async def _worker(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         raise WakefulError("wakeful worker needs a Redis: pass --redis or set WAKEFUL_REDIS_URL")
     rt = Runtime(registry, settings=settings, run_worker=True)
-    await rt.start()
+    with err.status(f"starting a worker on {settings.redis_url}"):
+        await rt.start()
     assert rt.worker is not None
     # Long-lived process: move start-up objects out of the collector's way; full
     # collections otherwise pause a busy worker for ~10 ms at a time.
@@ -84,97 +121,7 @@ async def _worker(args: argparse.Namespace) -> int:
     await stop.wait()
     print("shutting down: finishing running wakes", flush=True)
     await rt.close()
-    return 0
-
-
-async def _client(args: argparse.Namespace) -> Runtime:
-    registry = load_registry(args.app) if getattr(args, "app", None) else Registry()
-    settings = _settings(args)
-    if settings.redis_url is None:
-        raise WakefulError(
-            f"wakeful {args.command} needs a Redis: pass --redis or set WAKEFUL_REDIS_URL"
-        )
-    return await Runtime(registry, settings=settings, run_worker=False).start()
-
-
-async def _send(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        event_id = await rt.send(args.url, args.text, idempotency_key=args.idempotency_key)
-        _print({"url": args.url, "event_id": event_id}, args.json)
-    finally:
-        await rt.close()
-    return 0
-
-
-async def _inspect(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        status = await rt.status(args.url)
-        info = {
-            **dataclasses.asdict(status),
-            "state": await rt.state(args.url),
-            "children": [msgspec.to_builtins(c) for c in await rt.children(args.url)],
-            "pending_actions": [
-                {"tool_call_id": a.tool_call_id, "tool": a.tool, "kind": a.kind, "input": a.input}
-                for a in await rt.pending_actions(args.url)
-            ],
-        }
-        _print(info, args.json)
-    finally:
-        await rt.close()
-    return 0
-
-
-async def _ls(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        urls = await rt.list(args.type)
-        if args.json:
-            _print(urls, True)
-        else:
-            for url in urls:
-                print(url)
-    finally:
-        await rt.close()
-    return 0
-
-
-async def _tail(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        async for record in rt.events(args.url, after=args.after, follow=args.follow):
-            data = msgspec.to_builtins(record, enc_hook=_raw_rows)
-            print(json.dumps(data, default=str) if args.json else _line(data), flush=True)
-    finally:
-        await rt.close()
-    return 0
-
-
-def _raw_rows(value: Any) -> Any:
-    """Rows of ``state`` events are stored encoded; show them decoded."""
-    if isinstance(value, msgspec.Raw):
-        return msgspec.msgpack.decode(value)
-    raise TypeError(f"cannot show a {type(value).__name__}")
-
-
-def _line(record: dict[str, Any]) -> str:
-    event = record.get("event")
-    if event is None:
-        return f"{record['id']}  UNDECODABLE  {record.get('error')}"
-    kind = event.pop("t", "?")
-    event.pop("v", None)
-    return f"{record['id']}  {kind:<14} {json.dumps(event, default=str)}"
-
-
-async def _resume(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        await rt.resume(args.url, skip_failed=args.skip_failed)
-        print(f"resumed {args.url}")
-    finally:
-        await rt.close()
-    return 0
+    return OK
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -186,67 +133,423 @@ async def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
-    tokens = dict(t.split("=", 1) for t in args.token or [])
-    authenticate = (
-        bearer_tokens({tok: {"user": user} for user, tok in tokens.items()}) if tokens else None
-    )
-    app = create_app(rt, authenticate=authenticate)
+    tokens = {}
+    for spec in args.token or []:
+        user, sep, token = spec.partition("=")
+        if not sep or not user or not token:
+            raise WakefulError(f"--token {spec!r} must be USER=TOKEN")
+        tokens[token] = {"user": user}
+    app = create_app(rt, authenticate=bearer_tokens(tokens) if tokens else None)
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     )
-    print(f"serving {', '.join(registry.names())} on http://{args.host}:{args.port}", flush=True)
+    base = f"http://{args.host}:{args.port}"
+    print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
     try:
         await server.serve()
     finally:
         await rt.close()
-    return 0
-
-
-async def _manifest(args: argparse.Namespace) -> int:
-    print(load_registry(args.app).manifest_json())
-    return 0
+    return OK
 
 
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     await run_demo()
-    return 0
+    return OK
+
+
+async def _manifest(args: argparse.Namespace) -> int:
+    print(load_registry(args.app).manifest_json())
+    return OK
+
+
+# -- messages -----------------------------------------------------------------------
+
+
+async def _send(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        event_id = await rt.send(
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+        )
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json({"url": args.url, "event_id": event_id})
+    else:
+        out.print(f"sent to {args.url}: {event_id}")
+    return OK
+
+
+async def _ask(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        live_after = await rt.live_position(args.url)
+        sent = await rt.send(
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+        )
+        return await _follow_reply(rt, args, after=sent, live_after=live_after)
+    finally:
+        await rt.close()
+
+
+async def _follow_reply(
+    rt: Runtime, args: argparse.Namespace, *, after: str, live_after: str
+) -> int:
+    """Stream what the entity does until it is idle; answer approvals on a terminal."""
+    printer = terminal.ReplyPrinter()
+    while True:
+        try:
+            after, live_after = await _stream(rt, args, printer, after, live_after)
+        except WaitTimeoutError as exc:
+            printer.finish()
+            return _ask_result(args, "timed out", TIMED_OUT, error=str(exc))
+        printer.finish()
+        status = await rt.status(args.url)
+        if status.status == "failed":
+            return _ask_result(args, "failed", RUN_FAILED, error=status.error)
+        if not status.pending_actions:
+            break
+        pending = await rt.pending_actions(args.url)
+        if not await _answer_interactively(rt, args, pending):
+            if not args.json:
+                err.print(terminal.actions_table(pending))
+                err.print(
+                    f"[yellow]the run is suspended; answer with "
+                    f"`wakeful approve {args.url} CALL` or `wakeful deny {args.url} CALL`[/]"
+                )
+            return _ask_result(args, "suspended", SUSPENDED, pending=pending)
+    run = printer.last_run
+    if run is None:
+        return _ask_result(args, "no run", ERROR, error="no run finished after the message")
+    code = OK if run.status == "completed" else RUN_FAILED
+    return _ask_result(args, run.status, code, response=run.response, error=run.error)
+
+
+async def _stream(
+    rt: Runtime,
+    args: argparse.Namespace,
+    printer: terminal.ReplyPrinter,
+    after: str,
+    live_after: str,
+) -> tuple[str, str]:
+    waiting = None if args.json else err.status(f"waiting for {args.url}", spinner="dots")
+    if waiting is not None:
+        waiting.start()
+    try:
+        async for record in rt.stream_until_idle(
+            args.url, after=after, live_after=live_after, timeout=args.timeout
+        ):
+            if waiting is not None:
+                waiting.stop()
+                waiting = None
+            if isinstance(record, LiveRecord):
+                live_after = record.id
+            else:
+                after = record.id
+            if args.json:
+                if isinstance(record, LogRecord):
+                    printer.last_run = _run_of(record) or printer.last_run
+            else:
+                printer.handle(record)
+    finally:
+        if waiting is not None:
+            waiting.stop()
+    return after, live_after
+
+
+def _run_of(record: LogRecord) -> Any:
+    from .events import RunFinished
+
+    return record.event if isinstance(record.event, RunFinished) else None
+
+
+async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: list[Any]) -> bool:
+    """Ask the operator about each approval; False if something is left unanswered."""
+    if args.json or args.no_input or not sys.stdin.isatty():
+        return False
+    from rich.prompt import Confirm, Prompt
+
+    for action in pending:
+        if action.kind != "approval":
+            return False
+        question = (
+            f"[yellow]approve[/] {action.tool} {terminal.short(action.input)} "
+            f"([dim]{action.tool_call_id}[/])?"
+        )
+        if await asyncio.to_thread(Confirm.ask, question, console=err):
+            await rt.approve(args.url, action.tool_call_id, identity=_identity(args))
+        else:
+            reason = await asyncio.to_thread(
+                Prompt.ask, "reason", console=err, default="denied by the operator"
+            )
+            await rt.deny(args.url, action.tool_call_id, reason, identity=_identity(args))
+    return True
+
+
+def _ask_result(
+    args: argparse.Namespace,
+    status: str,
+    code: int,
+    *,
+    response: str | None = None,
+    error: str | None = None,
+    pending: list[Any] | None = None,
+) -> int:
+    if args.json:
+        terminal.print_json(
+            {
+                "url": args.url,
+                "status": status,
+                "response": response,
+                "error": error,
+                "pending_actions": pending or [],
+            }
+        )
+    elif code not in (OK, SUSPENDED):
+        err.print(f"[red]{status}[/]" + (f": {error}" if error else ""))
+    return code
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        status = await rt.status(args.url)
+        lag_inputs, lag_ms = await rt.lag(args.url)
+        info = {
+            **dataclasses.asdict(status),
+            "lease_owner": await rt.lease_owner(args.url),
+            "lag": {"inputs": lag_inputs, "oldest_ms": lag_ms},
+            "state": await rt.state(args.url),
+            "children": await rt.children(args.url),
+            "pending_actions": await rt.pending_actions(args.url),
+        }
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json(info)
+        return OK
+    state, children, pending = info.pop("state"), info.pop("children"), info.pop("pending_actions")
+    info["lag"] = f"{lag_inputs} unhandled input(s), oldest {lag_ms} ms"
+    out.print(terminal.key_values(args.url, {k: v for k, v in info.items() if v not in (None, "")}))
+    for name, rows in state.items():
+        out.print(terminal.rows_table(f"Collection {name} ({len(rows)})", rows))
+    if children:
+        out.print(terminal.rows_table("Children", children))
+    if pending:
+        out.print(terminal.actions_table(pending))
+    return OK
+
+
+async def _ls(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        types = [args.type] if args.type else await rt.types()
+        urls = [url for type_name in types for url in await rt.list(type_name)]
+        statuses = []
+        with err.status(f"reading {len(urls)} entities") if len(urls) > 100 else _nothing():
+            for start in range(0, len(urls), 100):
+                chunk = urls[start : start + 100]
+                statuses += await asyncio.gather(*(rt.status(u) for u in chunk))
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json(
+            [
+                {"url": s.url, "status": s.status, "pending_actions": s.pending_actions}
+                for s in statuses
+            ]
+        )
+        return OK
+    if not out.is_terminal:
+        for s in statuses:
+            print(f"{s.url}\t{s.status}")
+        return OK
+    table = terminal.Table(title=f"{len(statuses)} entities", title_justify="left")
+    for column in ("url", "status", "pending actions", "error"):
+        table.add_column(column, overflow="fold")
+    for s in statuses:
+        style = terminal.status_style(s.status)
+        table.add_row(s.url, f"[{style}]{s.status}[/]", str(s.pending_actions or ""), s.error or "")
+    out.print(table)
+    return OK
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        await rt.status(args.url)  # a clear error for a missing entity
+        live_after = await rt.live_position(args.url) if args.live else None
+        while True:
+            try:
+                async for record in rt.events(
+                    args.url,
+                    after=args.after,
+                    follow=args.follow,
+                    live=args.live,
+                    live_after=live_after,
+                ):
+                    if isinstance(record, LiveRecord):
+                        live_after = record.id
+                    else:
+                        args.after = record.id  # where to resume
+                    if args.json:
+                        print(
+                            msgspec.json.encode(terminal.plain(_record(record))).decode(),
+                            flush=True,
+                        )
+                    else:
+                        out.print(terminal.event_line(record))
+                return OK
+            except redis.exceptions.ConnectionError as exc:
+                if not args.follow:
+                    raise
+                err.print(f"[yellow]connection lost ({exc}); resuming after {args.after}[/]")
+                await asyncio.sleep(1)
+    finally:
+        await rt.close()
+
+
+def _record(record: Any) -> dict[str, Any]:
+    if isinstance(record, LiveRecord):
+        return {"id": record.id, "live": record.event}
+    if isinstance(record, LogRecord):
+        return {"id": record.id, "event": record.event}
+    return {"id": record.id, "error": record.error}
+
+
+async def _pending(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        await rt.status(args.url)
+        pending = await rt.pending_actions(args.url)
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json(pending)
+    elif pending:
+        out.print(terminal.actions_table(pending))
+    else:
+        out.print(f"{args.url} has no pending actions")
+    return OK
+
+
+# -- answers and operations ---------------------------------------------------------
+
+
+async def _approve(args: argparse.Namespace) -> int:
+    edited = None
+    if args.input is not None:
+        try:
+            edited = msgspec.json.decode(args.input)
+        except msgspec.DecodeError as exc:
+            raise WakefulError(f"--input is not JSON: {exc}") from None
+    return await _decide(args, "approved", edited_input=edited)
+
+
+async def _deny(args: argparse.Namespace) -> int:
+    return await _decide(args, "denied")
+
+
+async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any = None) -> int:
+    rt = await _client(args)
+    try:
+        live_after = await rt.live_position(args.url)
+        identity = _identity(args)
+        if decision == "approved":
+            event_id = await rt.approve(
+                args.url, args.call, edited_input=edited_input, identity=identity
+            )
+        else:
+            event_id = await rt.deny(args.url, args.call, args.reason, identity=identity)
+        if not args.follow:
+            if args.json:
+                terminal.print_json(
+                    {"url": args.url, "tool_call_id": args.call, "event_id": event_id}
+                )
+            else:
+                out.print(f"{decision} {args.call} of {args.url}: {event_id}")
+            return OK
+        return await _follow_reply(rt, args, after=event_id, live_after=live_after)
+    finally:
+        await rt.close()
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        await rt.resume(args.url, skip_failed=args.skip_failed)
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json({"url": args.url, "resumed": True})
+    else:
+        out.print(f"resumed {args.url}")
+    return OK
+
+
+# -- the parser ---------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wakeful", description="Durable actors for LLM agents")
+    parser = argparse.ArgumentParser(
+        prog="wakeful",
+        description="Durable actors for LLM agents",
+        epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
+        "action, 5 timed out, 6 Redis unreachable, 130 interrupted",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help_text: str, *, redis: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
+    def command(
+        name: str, help_text: str, *, redis: bool = True, json: bool = True
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
         if redis:
             p.add_argument("--redis", help="Redis URL (default: $WAKEFUL_REDIS_URL)")
-        p.add_argument("--json", action="store_true", help="print JSON")
+        if json:
+            p.add_argument("--json", action="store_true", help="print JSON")
         return p
 
-    command("demo", "run the demo on the embedded default (no Redis, no API key)", redis=False)
-    p = command("worker", "run a worker")
+    def identity(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--identity",
+            action="append",
+            metavar="KEY=VALUE",
+            help="the trusted identity to act as (repeatable), e.g. user=alice",
+        )
+
+    def follow_reply(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--timeout", type=float, default=120.0, help="seconds to wait for idle (default 120)"
+        )
+        p.add_argument(
+            "--no-input", action="store_true", help="never prompt for approvals (exit 4 instead)"
+        )
+
+    command(
+        "demo",
+        "run the demo on the embedded default (no Redis, no API key)",
+        redis=False,
+        json=False,
+    )
+    p = command("worker", "run a worker", json=False)
     p.add_argument("app", help="registry to run, as module:attribute")
-    p = command("send", "send a message to an entity")
-    p.add_argument("url")
-    p.add_argument("text")
-    p.add_argument("--idempotency-key")
-    p.add_argument("--app", help="registry (module:attribute) to check the type against")
-    p = command("inspect", "status and state of an entity")
-    p.add_argument("url")
-    p.add_argument("--app", help="registry, to decode collections with their row types")
-    p = command("ls", "list the entities of a type")
-    p.add_argument("type")
-    p = command("tail", "print the entity log")
-    p.add_argument("url")
-    p.add_argument("--after", help="start after this event id")
-    p.add_argument("-f", "--follow", action="store_true", help="wait for new events")
-    p = command("resume", "un-park a failed entity")
-    p.add_argument("url")
-    p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
-    p = command("serve", "serve entity URLs over HTTP")
+    p = command(
+        "serve", "serve entity URLs over HTTP, with the web console at /console/", json=False
+    )
     p.add_argument("app", help="registry to serve, as module:attribute")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -254,7 +557,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token", action="append", metavar="USER=TOKEN", help="accept Bearer TOKEN as USER"
     )
-    p = command("manifest", "print the registry's manifest", redis=False)
+    p = command("send", "send a message to an entity (creating it)")
+    p.add_argument("url")
+    p.add_argument("text")
+    p.add_argument("--idempotency-key")
+    identity(p)
+    p = command("ask", "send a message and stream the reply until the entity is idle")
+    p.add_argument("url")
+    p.add_argument("text")
+    p.add_argument("--idempotency-key")
+    identity(p)
+    follow_reply(p)
+    p = command("tail", "print the entity log; -f follows it, --live adds live output")
+    p.add_argument("url")
+    p.add_argument("--after", help="start after this event id (resume)")
+    p.add_argument("-f", "--follow", action="store_true", help="wait for new events")
+    p.add_argument("--live", action="store_true", help="also text deltas and tool progress")
+    p = command("inspect", "status, lease owner, lag, state, children and pending actions")
+    p.add_argument("url")
+    p.add_argument("--app", help="registry, to decode collections with their row types")
+    p = command("ls", "list entities (of one type) and their status")
+    p.add_argument("type", nargs="?", help="entity type (default: every known type)")
+    p = command("pending", "tool calls of an entity waiting for a client or an approval")
+    p.add_argument("url")
+    for name, help_text in (
+        ("approve", "approve a pending tool call"),
+        ("deny", "deny a pending tool call"),
+    ):
+        p = command(name, help_text)
+        p.add_argument("url")
+        p.add_argument("call", help="the tool call id (see wakeful pending)")
+        if name == "approve":
+            p.add_argument("--input", help="run the call with this JSON input instead")
+        else:
+            p.add_argument("--reason", default="denied by the operator")
+        p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
+        identity(p)
+        follow_reply(p)
+    p = command("resume", "un-park a failed entity")
+    p.add_argument("url")
+    p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
+    p = command("manifest", "print the registry's manifest (JSON)", redis=False, json=False)
     p.add_argument("app")
     return parser
 
@@ -262,13 +605,17 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "demo": _demo,
     "worker": _worker,
+    "serve": _serve,
     "send": _send,
+    "ask": _ask,
+    "tail": _tail,
     "inspect": _inspect,
     "ls": _ls,
-    "tail": _tail,
+    "pending": _pending,
+    "approve": _approve,
+    "deny": _deny,
     "resume": _resume,
     "manifest": _manifest,
-    "serve": _serve,
 }
 
 
@@ -281,10 +628,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except WakefulError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        err.print(f"[red]error:[/] {terminal.escape(str(exc))}")
+        return ERROR
+    except redis.exceptions.ConnectionError as exc:
+        url = _settings(args).redis_url
+        err.print(f"[red]error:[/] cannot reach Redis at {url}: {terminal.escape(str(exc))}")
+        return UNREACHABLE
     except KeyboardInterrupt:
-        return 130
+        if args.command == "tail" and args.after:
+            err.print(f"resume with: wakeful tail {args.url} -f --after {args.after}")
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

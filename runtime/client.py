@@ -475,22 +475,105 @@ class Runtime:
                 batches = await self._store.read_streams(positions, block_ms)
             if not batches and not follow:
                 return
-            # Live output of a message is written before the message is committed:
-            # yield it first when one read returns both.
-            for key in sorted(batches, key=lambda k: k != live_key):
-                for entry_id, fields in batches[key]:
-                    positions[key] = entry_id
-                    if key == live_key:
-                        yield decode_live(entry_id, fields)
-                        continue
-                    try:
-                        yield decode_entry(entry_id, fields, url)
-                    except EventDecodeError as exc:
-                        yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+            for key, entry_id, fields in _merged(batches, live_key):
+                positions[key] = entry_id
+                if key == live_key:
+                    yield decode_live(entry_id, fields)
+                    continue
+                try:
+                    yield decode_entry(entry_id, fields, url)
+                except EventDecodeError as exc:
+                    yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
 
     async def _live_tail(self, key: str) -> str:
         last = await self._store.redis.xrevrange(key, count=1)
         return last[0][0].decode() if last else ZERO
+
+    async def live_position(self, url: str) -> str:
+        """The id of the newest live event of ``url``: pass it as ``live_after`` to follow
+        only the live output that comes after this moment (take it before sending)."""
+        parse_url(url)
+        return await self._live_tail(self._store.keys.live(url))
+
+    async def stream_until_idle(
+        self,
+        url: str,
+        *,
+        after: str | None = None,
+        live_after: str | None = None,
+        timeout: float = 60.0,
+    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
+        """The log (after ``after``) and live output (after ``live_after``) of ``url``
+        until the entity is idle: every input handled, no awaited child running, or
+        suspended on pending actions, or failed. Ends once every log entry written up
+        to that moment has been yielded. Raises :class:`WaitTimeoutError` after
+        ``timeout`` seconds without reaching idle.
+        """
+        parse_url(url)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+        position = {"read": after or ZERO, "tail": None}
+
+        async def read() -> None:
+            try:
+                records = self.events(url, after=after, live=True, live_after=live_after)
+                async for record in records:
+                    queue.put_nowait(record)
+                    if isinstance(record, LiveRecord):
+                        continue
+                    position["read"] = record.id
+                    tail = position["tail"]
+                    if tail is not None and not id_gt(tail, record.id):
+                        break
+            except Exception as exc:
+                queue.put_nowait(exc)
+            queue.put_nowait(done)
+
+        async def watch() -> None:
+            try:
+                await self.wait_idle(url, timeout=timeout)
+                last = await self._store.redis.xrevrange(self._store.keys.log(url), count=1)
+                tail = position["tail"] = last[0][0].decode() if last else ZERO
+                if not id_gt(tail, position["read"]):
+                    reader.cancel()
+                    queue.put_nowait(done)
+            except Exception as exc:
+                reader.cancel()
+                queue.put_nowait(exc)
+
+        reader = asyncio.create_task(read())
+        watcher = asyncio.create_task(watch())
+        try:
+            while (item := await queue.get()) is not done:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            for task in (reader, watcher):
+                task.cancel()
+            await asyncio.gather(reader, watcher, return_exceptions=True)
+
+    async def types(self) -> list[str]:
+        """Entity types known here: this registry's and those workers published."""
+        raw = await self._store.redis.hkeys(self._store.keys.types)
+        return sorted({*self.registry.names(), *(k.decode() for k in raw)})
+
+    async def lease_owner(self, url: str) -> str | None:
+        """``<worker>:<epoch>`` holding the lease of the partition ``url`` lives in."""
+        parse_url(url)
+        return await self._store.lease_owner(self._store.keys.partition(url))
+
+    async def lag(self, url: str) -> tuple[int, int]:
+        """``(inputs, ms)``: inputs appended but not yet handled, and the age of the oldest."""
+        cursor = (await self._meta(url)).get("cursor", b"0-0").decode()
+        pending, oldest = 0, None
+        async for record in self.events(url, after=cursor):
+            if isinstance(record, LogRecord) and not record.event.is_input:
+                continue
+            pending += 1
+            oldest = oldest or record.id
+        age = int(time.time() * 1000) - int(oldest.split("-")[0]) if oldest else 0
+        return pending, max(age, 0)
 
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
         """Wait until the entity is idle: every input sent so far handled, its effects
@@ -542,6 +625,21 @@ class Runtime:
         if last.status != "completed":
             raise RunFailedError(url, last.status, last.error)
         return last.response or ""
+
+
+def _merged(
+    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str
+) -> list[tuple[str, str, dict[bytes, bytes]]]:
+    """Entries of the log and the live stream in time order (by the millisecond of their
+    ids). Within one millisecond live output comes first: a step's deltas are written
+    before the step is committed."""
+    entries = [
+        (int(entry_id.split("-", 1)[0]), key != live_key, index, key, entry_id, fields)
+        for key, batch in batches.items()
+        for index, (entry_id, fields) in enumerate(batch)
+    ]
+    entries.sort(key=lambda e: e[:3])
+    return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]
 
 
 def _fields(settings: Settings) -> dict[str, Any]:

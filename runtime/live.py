@@ -19,10 +19,20 @@ log = logging.getLogger("wakeful.live")
 
 
 class LiveEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A text delta of model step ``step`` of run ``run_id``, or a tool's progress update.
+
+    The step tells a follower where a delta belongs even when the live stream and
+    the log are read slightly out of order: ids of two streams are only ordered to
+    the millisecond, so the next step's first deltas can share a millisecond with
+    the previous step's durable ``assistant_step`` and come first.
+    """
+
     kind: Literal["text", "tool_update"]
     data: Any = None
     tool_call_id: str | None = None
     tool: str | None = None
+    run_id: str | None = None
+    step: int | None = None
 
 
 class LiveRecord(msgspec.Struct, frozen=True):
@@ -49,11 +59,12 @@ class LivePublisher:
         self._buffer: list[LiveEvent] = []
         self._task: asyncio.Task[None] | None = None
 
-    def text(self, delta: str) -> None:
-        if self._buffer and self._buffer[-1].kind == "text":
-            self._buffer[-1].data += delta
+    def text(self, delta: str, *, run_id: str | None = None, step: int | None = None) -> None:
+        last = self._buffer[-1] if self._buffer else None
+        if last is not None and last.kind == "text" and (last.run_id, last.step) == (run_id, step):
+            last.data += delta
         else:
-            self._push(LiveEvent(kind="text", data=delta))
+            self._push(LiveEvent(kind="text", data=delta, run_id=run_id, step=step))
         self._start()
 
     def tool_update(self, tool_call_id: str, tool: str, update: Any) -> None:

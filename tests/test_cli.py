@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from entities import registry
-from runtime import Runtime, Settings
+from entities import assistant, notes
+from runtime import HandlerContext, Registry, Runtime, ScriptedModel, Settings
+from runtime.models import ModelError
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,10 +35,43 @@ async def run(server_url: str, prefix: str, *args: str) -> subprocess.CompletedP
     return await asyncio.to_thread(wakeful, server_url, prefix, *args)
 
 
+def worker_registry() -> Registry:
+    """The ready entity types, plus one whose runs fail and one that takes its time."""
+    registry = Registry()
+    notes.register(registry)
+    assistant.register(registry)
+
+    def refuse(request: object) -> None:
+        raise ModelError("the model is down", retryable=False, model="broken")
+
+    @registry.entity("broken")
+    async def broken(ctx: HandlerContext) -> None:
+        ctx.use_agent(system_prompt="", model=ScriptedModel(refuse), tools=[])
+        await ctx.agent.run()
+
+    @registry.entity("fragile")
+    async def fragile(ctx: HandlerContext) -> None:
+        if any(m.payload == "boom" for m in ctx.wake.messages):
+            raise RuntimeError("boom")
+
+    @registry.entity("slow")
+    async def slow(ctx: HandlerContext) -> None:
+        await asyncio.sleep(3)
+
+    return registry
+
+
 @pytest.fixture
 async def worker(server_url: str, prefix: str):
-    settings = Settings(redis_url=server_url, prefix=prefix, partitions=4, lease_ttl_ms=1000)
-    rt = Runtime(registry, settings=settings, run_worker=True)
+    settings = Settings(
+        redis_url=server_url,
+        prefix=prefix,
+        partitions=4,
+        lease_ttl_ms=1000,
+        max_attempts=2,
+        retry_base_ms=20,
+    )
+    rt = Runtime(worker_registry(), settings=settings, run_worker=True)
     await rt.start()
     yield rt
     await rt.close()
@@ -55,9 +89,17 @@ async def test_send_inspect_ls_and_tail(worker, server_url, prefix):
     assert info["status"] == "idle" and info["type"] == "notes"
     assert info["state"]["notes"] == [{"id": 1, "text": "write tests", "done": False}]
     assert info["children"] == [] and info["pending_actions"] == []
+    assert info["lease_owner"].startswith(worker.worker.id)
+    assert info["lag"] == {"inputs": 0, "oldest_ms": 0}
+    table = await run(server_url, prefix, "inspect", "/notes/cli")
+    assert "lease_owner" in table.stdout and "write tests" in table.stdout
 
     listed = await run(server_url, prefix, "ls", "notes")
-    assert listed.stdout.split() == ["/notes/cli"]
+    assert listed.stdout.splitlines() == ["/notes/cli\tidle"]
+    everything = await run(server_url, prefix, "ls", "--json")
+    assert json.loads(everything.stdout) == [
+        {"url": "/notes/cli", "status": "idle", "pending_actions": 0}
+    ]
 
     tail = await run(server_url, prefix, "tail", "/notes/cli")
     assert tail.returncode == 0
@@ -80,6 +122,104 @@ async def test_errors_are_reported_with_exit_code_1(worker, server_url, prefix):
     assert not_failed.returncode == 1 and "is not failed" in not_failed.stderr
     usage = await run(server_url, prefix, "frobnicate")
     assert usage.returncode == 2
+    bad_identity = await run(server_url, prefix, "send", "/notes/ok", "x", "--identity", "alice")
+    assert bad_identity.returncode == 1 and "must be KEY=VALUE" in bad_identity.stderr
+
+
+async def test_resume_a_parked_entity(worker, server_url, prefix):
+    await worker.send("/fragile/f1", "boom")
+    assert (await worker.wait_idle("/fragile/f1")).status == "failed"
+    inspected = json.loads(
+        (await run(server_url, prefix, "inspect", "/fragile/f1", "--json")).stdout
+    )
+    assert inspected["status"] == "failed" and "boom" in inspected["error"]
+    resumed = await run(server_url, prefix, "resume", "/fragile/f1", "--skip-failed")
+    assert resumed.returncode == 0 and "resumed /fragile/f1" in resumed.stdout
+    assert (await worker.wait_idle("/fragile/f1")).status == "idle"
+
+
+def test_unreachable_redis_exits_6(prefix):
+    result = wakeful("redis://127.0.0.1:1/0", prefix, "ls", "notes")
+    assert result.returncode == 6
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
+
+
+async def test_ask_streams_the_reply(worker, server_url, prefix):
+    asked = await run(server_url, prefix, "ask", "/assistant/a1", "remember that my color is teal")
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout == "Got it: I'll remember that your color is teal.\n"
+    assert "⚙ memory" in asked.stderr and "✓ Remembered 'color'." in asked.stderr
+    # A delegated question: ask waits for the child and streams the answer that follows.
+    research = await run(server_url, prefix, "ask", "/assistant/a1", "research what 6 * 7 is")
+    assert research.returncode == 0, research.stderr
+    assert "I'll delegate that." in research.stdout
+    assert "The researcher reports back: Findings: 6 * 7 = 42" in research.stdout
+    assert "↩ /researcher/" in research.stderr
+    as_json = await run(server_url, prefix, "ask", "/assistant/a1", "what is my color?", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert result["status"] == "completed" and result["response"] == "Your color is teal."
+
+
+async def test_ask_exit_codes_for_failed_and_slow_runs(worker, server_url, prefix):
+    failed = await run(server_url, prefix, "ask", "/broken/b1", "hello")
+    assert failed.returncode == 3
+    assert "the model is down" in failed.stderr
+    slow = await run(server_url, prefix, "ask", "/slow/s1", "hello", "--timeout", "0.5")
+    assert slow.returncode == 5 and "timed out: /slow/s1 is still" in slow.stderr
+
+
+async def test_pending_approve_and_deny(worker, server_url, prefix):
+    await worker.ask("/assistant/p1", "remember that my city is Lyon")
+    await worker.ask("/assistant/p1", "remember that my pet is a cat")
+    suspended = await run(
+        server_url, prefix, "ask", "/assistant/p1", "forget my city", "--no-input"
+    )
+    assert suspended.returncode == 4
+    assert "waits for approval" in suspended.stderr
+    assert "wakeful approve /assistant/p1" in suspended.stderr
+
+    pending = await run(server_url, prefix, "pending", "/assistant/p1", "--json")
+    assert pending.returncode == 0
+    [action] = json.loads(pending.stdout)
+    assert action["tool"] == "memory" and action["kind"] == "approval"
+    assert action["input"] == {"action": "delete", "key": "city"}
+    table = await run(server_url, prefix, "pending", "/assistant/p1")
+    assert action["tool_call_id"] in table.stdout
+
+    approved = await run(
+        server_url, prefix, "approve", "/assistant/p1", action["tool_call_id"], "--follow"
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "Forgot 'city'." in approved.stdout
+    again = await run(server_url, prefix, "approve", "/assistant/p1", action["tool_call_id"])
+    assert again.returncode == 1 and "no pending action" in again.stderr
+
+    await run(server_url, prefix, "ask", "/assistant/p1", "forget my pet", "--no-input")
+    [action] = await worker.pending_actions("/assistant/p1")
+    denied = await run(
+        server_url, prefix, "deny", "/assistant/p1", action.tool_call_id, "--reason", "keep it"
+    )
+    assert denied.returncode == 0 and "denied" in denied.stdout
+    await worker.wait_idle("/assistant/p1")
+    assert await worker.pending_actions("/assistant/p1") == []
+    assert (await worker.state("/assistant/p1"))["kv"] == [{"key": "pet", "value": "a cat"}]
+    none = await run(server_url, prefix, "pending", "/assistant/p1")
+    assert "has no pending actions" in none.stdout
+
+
+async def test_tail_live_json_and_resume(worker, server_url, prefix):
+    await worker.ask("/assistant/t1", "calculate 2 * 21")
+    whole = await run(server_url, prefix, "tail", "/assistant/t1", "--json")
+    records = [json.loads(line) for line in whole.stdout.splitlines()]
+    kinds = [r["event"]["t"] for r in records]
+    assert (
+        kinds[:2] == ["created", "msg"] and "tool_result" in kinds and kinds[-1] == "run_finished"
+    )
+    resumed = await run(
+        server_url, prefix, "tail", "/assistant/t1", "--json", "--after", records[2]["id"]
+    )
+    assert [json.loads(line) for line in resumed.stdout.splitlines()] == records[3:]
 
 
 def test_serve_answers_http_on_the_embedded_default():
@@ -133,3 +273,50 @@ def test_serve_answers_http_on_the_embedded_default():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _interact(command: list[str], env: dict[str, str], prompt: str, answer: str) -> tuple[int, str]:
+    """Run ``command`` on a pseudo-terminal; type ``answer`` once ``prompt`` shows."""
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
+    )
+    os.close(slave)
+    output, answered, deadline = b"", False, time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not answered and prompt.encode() in output:
+                os.write(master, answer.encode())
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        return proc.wait(timeout=10), output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):
+    await worker.ask("/assistant/i1", "remember that my city is Lyon")
+    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i1", "forget my city"]
+    code, output = await asyncio.to_thread(
+        _interact, [*command, "--redis", server_url], env, "approve", "y\n"
+    )
+    assert code == 0, output
+    assert "Forgot 'city'." in output
+    assert (await worker.state("/assistant/i1"))["kv"] == []

@@ -35,6 +35,11 @@ def app_registry() -> Registry:
         for m in ctx.wake.messages:
             ctx.reply(f"echo {m.payload}")
 
+    @reg.entity("parent")
+    async def parent(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            await ctx.spawn("echo", f"kid-{m.payload}", initial_message=m.payload)
+
     selected = define_tool(
         id="browser.getSelectedText/v1", description="selection", input=NoArgs, output=Selection
     )
@@ -201,7 +206,7 @@ async def test_manifest_openapi_and_cancel(cluster):
     http, _ = await client_for(cluster)
     async with http:
         manifest = await http.get("/manifest", headers=ALICE)
-        assert {t["name"] for t in manifest.json()["types"]} == {"echo", "page"}
+        assert {t["name"] for t in manifest.json()["types"]} == {"echo", "page", "parent"}
         spec = (await http.get("/openapi.json")).json()
         assert (
             spec["openapi"].startswith("3.") and "/entities/{type}/{id}/messages" in spec["paths"]
@@ -231,6 +236,10 @@ async def test_listing_children_and_console(cluster):
         assert (await http.get("/entities/echo")).status_code == 401
         children = await http.get("/entities/echo/shared/children", headers=ALICE)
         assert children.status_code == 200 and children.json() == []
+        await http.post("/entities/parent/p/messages", json={"payload": "x"}, headers=ALICE)
+        await rt.wait_idle("/parent/p")
+        kids = (await http.get("/entities/parent/p/children", headers=ALICE)).json()
+        assert [(k["url"], k["type"]) for k in kids] == [("/echo/kid-x", "echo")]
         missing = await http.get("/entities/echo/gone/children", headers=ALICE)
         assert missing.status_code == 404
         root = await http.get("/")

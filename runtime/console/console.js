@@ -32,7 +32,7 @@ const app = {
   url: null, // "/type/id" of the open entity
   stream: null, // AbortController of the event stream
   lastEventId: null, // "<log id>|<live id>", for resuming
-  streaming: null, // the agent bubble receiving live text
+  stepBubbles: new Map(), // "<run id>:<step>" -> the agent bubble of that model step
   runText: false, // the open run has shown agent text
   toolCards: new Map(), // tool_call_id -> element
   answering: new Set(), // client tool calls answered (or being answered) by this page
@@ -113,7 +113,8 @@ async function loadTypes() {
 async function openEntity(type, id) {
   const url = `/${type}/${id}`;
   closeStream();
-  Object.assign(app, { url, lastEventId: null, streaming: null, runText: false });
+  Object.assign(app, { url, lastEventId: null, runText: false });
+  app.stepBubbles.clear();
   app.toolCards.clear();
   app.answering.clear();
   $("#messages").replaceChildren();
@@ -209,9 +210,15 @@ function handleBlock(block) {
 
 function onLive(event) {
   if (event.kind === "text") {
-    if (!app.streaming) app.streaming = addBubble("agent", "");
-    const bubble = app.streaming;
-    bubble.classList.add("streaming");
+    // Deltas carry their step: the next step's first deltas may arrive before the
+    // durable text of the step before it.
+    const key = `${event.run_id}:${event.step}`;
+    let bubble = app.stepBubbles.get(key);
+    if (!bubble) {
+      bubble = addBubble("agent", "");
+      bubble.classList.add("streaming");
+      app.stepBubbles.set(key, bubble);
+    }
     bubble.querySelector(".text").textContent += event.data;
     bubble.dataset.deltas = String(Number(bubble.dataset.deltas || 0) + 1);
   } else if (event.kind === "tool_update") {
@@ -260,7 +267,7 @@ function onDurable(kind, event) {
       addNote(`${event.child} ${event.status}${event.error ? `: ${event.error}` : ""}`, event.status !== "completed");
       break;
     case "run_finished":
-      finishStreaming();
+      finishStreaming(event.run_id);
       if (event.status === "completed" && event.response && !app.runText) {
         addBubble("agent", event.response);
       } else if (event.status !== "completed") {
@@ -290,12 +297,17 @@ function onAssistantStep(event) {
     .filter((b) => b.type === "text")
     .map((b) => b.text)
     .join("");
+  const key = `${event.run_id}:${event.step}`;
+  let bubble = app.stepBubbles.get(key);
   if (text) {
-    const bubble = app.streaming || addBubble("agent", "");
+    if (!bubble) {
+      bubble = addBubble("agent", "");
+      app.stepBubbles.set(key, bubble);
+    }
     bubble.querySelector(".text").textContent = text; // the durable text is the truth
     app.runText = true;
   }
-  finishStreaming();
+  if (bubble) bubble.classList.remove("streaming");
   for (const block of event.content) {
     if (block.type !== "tool_use") continue;
     const card = toolCard(block.id, block.name);
@@ -304,9 +316,10 @@ function onAssistantStep(event) {
   }
 }
 
-function finishStreaming() {
-  if (app.streaming) app.streaming.classList.remove("streaming");
-  app.streaming = null;
+function finishStreaming(runId) {
+  for (const [key, bubble] of app.stepBubbles) {
+    if (key.startsWith(`${runId}:`)) bubble.classList.remove("streaming");
+  }
 }
 
 // -- drawing ---------------------------------------------------------------------

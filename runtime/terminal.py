@@ -1,0 +1,233 @@
+"""Terminal output of the CLI, with Rich: tables and colours on a terminal, plain
+text when piped, JSON with ``--json``.
+
+The reply of ``wakeful ask`` goes to stdout (only the agent's words, so it can be
+piped); what happens around it (tool calls, progress, approvals, children) goes
+to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .events import (
+    ActionRequested,
+    ActionSettled,
+    AssistantStep,
+    ChildRunFinished,
+    EntityFailed,
+    HandlerFailed,
+    LogRecord,
+    RunFinished,
+    RunStarted,
+    ToolIntent,
+    ToolOutcome,
+    UndecodableRecord,
+)
+from .live import LiveRecord
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def plain(value: Any) -> Any:
+    """Events and structs as JSON-ready data (stored state rows are decoded)."""
+    return msgspec.to_builtins(value, enc_hook=_raw_rows)
+
+
+def _raw_rows(value: Any) -> Any:
+    if isinstance(value, msgspec.Raw):
+        return msgspec.msgpack.decode(value)
+    raise TypeError(f"cannot show a {type(value).__name__}")
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(plain(data), indent=2, default=str))
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """One line of at most ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(plain(value), default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_style(status: str) -> str:
+    return {
+        "idle": "green",
+        "completed": "green",
+        "busy": "yellow",
+        "running": "yellow",
+        "waiting": "yellow",
+        "suspended": "yellow",
+        "failed": "bold red",
+        "cancelled": "red",
+    }.get(status, "")
+
+
+def key_values(title: str, rows: dict[str, Any]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column(overflow="fold")
+    for key, value in rows.items():
+        text = escape(value if isinstance(value, str) else short(value, 200))
+        style = status_style(text) if key == "status" else ""
+        table.add_row(key, f"[{style}]{text}[/]" if style else text)
+    return table
+
+
+def rows_table(title: str, rows: list[Any]) -> Table:
+    """A collection (or any list of objects) as a table with one column per field."""
+    table = Table(title=title, title_justify="left")
+    data = [plain(r) for r in rows]
+    columns = list(dict.fromkeys(k for r in data if isinstance(r, dict) for k in r))
+    if not columns:
+        table.add_column("value", overflow="fold")
+        for r in data:
+            table.add_row(escape(short(r, 200)))
+        return table
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for r in data:
+        table.add_row(
+            *(escape(short(r.get(c, ""), 120)) if isinstance(r, dict) else "" for c in columns)
+        )
+    return table
+
+
+def actions_table(actions: list[ActionRequested]) -> Table:
+    table = Table(title="Pending actions", title_justify="left")
+    for column in ("tool call", "tool", "waits for", "input", "may answer"):
+        table.add_column(column, overflow="fold")
+    for a in actions:
+        table.add_row(
+            a.tool_call_id,
+            a.tool,
+            "[yellow]approval[/]" if a.kind == "approval" else "[cyan]client[/]",
+            escape(short(a.input, 120)),
+            escape(short(a.authorized) if a.authorized else "anyone"),
+        )
+    return table
+
+
+def event_line(record: LogRecord | UndecodableRecord | LiveRecord) -> str:
+    """One line of ``wakeful tail``: id, kind, fields (as Rich markup)."""
+    if isinstance(record, UndecodableRecord):
+        return f"[dim]{record.id}[/]  [bold red]UNDECODABLE[/]  {escape(record.error)}"
+    if isinstance(record, LiveRecord):
+        detail = record.event.data if record.event.kind == "text" else plain(record.event)
+        return f"[dim]{record.id}[/]  [magenta]{'live':<16}[/] {escape(short(detail, 160))}"
+    data = plain(record.event)
+    kind = data.pop("t", "?")
+    data.pop("v", None)
+    style = "red" if kind in ("failed", "handler_error", "delivery_failed") else "cyan"
+    return (
+        f"[dim]{record.id}[/]  [{style}]{kind:<16}[/] "
+        f"{escape(json.dumps(data, default=str, ensure_ascii=False))}"
+    )
+
+
+class ReplyPrinter:
+    """Draws ``wakeful ask``: streamed text on stdout, activity on stderr."""
+
+    def __init__(self) -> None:
+        self.streamed: set[tuple[str | None, int | None]] = set()  # steps seen as deltas
+        self.text_step: tuple[str | None, int | None] | None = None  # step being printed
+        self.printed_text = False  # the current run printed agent text
+        self.at_line_start = True
+        self.last_run: RunFinished | None = None
+        self.failure: str | None = None
+
+    def handle(self, record: LogRecord | UndecodableRecord | LiveRecord) -> None:
+        if isinstance(record, LiveRecord):
+            self._live(record)
+        elif isinstance(record, UndecodableRecord):
+            self._note(f"[red]event {record.id} could not be decoded: {escape(record.error)}[/]")
+        else:
+            self._event(record.event)
+
+    def _text(self, text: str) -> None:
+        out.print(text, end="", markup=False)
+        self.at_line_start = text.endswith("\n")
+        self.printed_text = True
+
+    def _end_line(self) -> None:
+        if not self.at_line_start:
+            out.print()
+            self.at_line_start = True
+
+    def _note(self, markup: str) -> None:
+        self._end_line()
+        err.print(markup)
+
+    def _live(self, record: LiveRecord) -> None:
+        event = record.event
+        if event.kind == "text":
+            step = (event.run_id, event.step)
+            if step != self.text_step:
+                self._end_line()
+                self.text_step = step
+            self.streamed.add(step)
+            self._text(str(event.data))
+        else:
+            self._note(
+                f"[dim]  … {escape(record.event.tool or '')}: {escape(short(record.event.data))}[/]"
+            )
+
+    def _event(self, event: Any) -> None:
+        if isinstance(event, RunStarted):
+            self.printed_text = False
+        elif isinstance(event, AssistantStep):
+            text = "".join(b.get("text", "") for b in event.content if b.get("type") == "text")
+            step = (event.run_id, event.step)
+            if text and step not in self.streamed:
+                self._end_line()
+                self._text(text)
+                self._end_line()
+            elif step == self.text_step:  # its deltas are printed: end their line
+                self._end_line()
+                self.text_step = None
+        elif isinstance(event, ToolIntent):
+            for call in event.calls:
+                self._note(f"[dim]⚙ {escape(call.name)} {escape(short(call.input))}[/]")
+        elif isinstance(event, ToolOutcome):
+            text = "".join(b.get("text", "") for b in event.content if b.get("type") == "text")
+            mark = "[red]  ✗" if event.is_error else "[green]  ✓"
+            self._note(f"{mark} {escape(short(text))}[/]")
+        elif isinstance(event, ActionRequested):
+            waits = "approval" if event.kind == "approval" else "the client"
+            self._note(
+                f"[yellow]⏸ {escape(event.tool)} {escape(short(event.input))} waits for {waits} "
+                f"(tool call {event.tool_call_id})[/]"
+            )
+        elif isinstance(event, ActionSettled):
+            by = f" by {short(event.by)}" if event.by else ""
+            self._note(f"[dim]  {event.decision}{escape(by)}[/]")
+        elif isinstance(event, ChildRunFinished):
+            self._note(f"[dim]↩ {escape(event.child)} {event.status}[/]")
+        elif isinstance(event, RunFinished):
+            self.last_run = event
+            if event.status == "completed" and event.response and not self.printed_text:
+                self._text(event.response)
+            self._end_line()
+            if event.status != "completed":
+                self._note(f"[red]run {event.status}: {escape(event.error or '')}[/]")
+        elif isinstance(event, HandlerFailed):
+            self._note(
+                f"[red]handler error (attempt {event.attempt}): "
+                f"{escape(event.error_type)}: {escape(event.error)}[/]"
+            )
+        elif isinstance(event, EntityFailed):
+            self.failure = event.error
+            self._note(
+                f"[bold red]entity failed after {event.attempts} attempts: {escape(event.error)}[/]"
+            )
+
+    def finish(self) -> None:
+        self._end_line()
