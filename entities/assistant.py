@@ -63,7 +63,7 @@ async def handle_assistant(ctx: HandlerContext) -> None:
     ctx.use_agent(
         system_prompt=ASSISTANT_PROMPT.format(url=ctx.entity_url),
         model=pick_model(),
-        tools=[*ctx.runtime_tools, memory_store(ctx, approve_deletes=True), calculator],
+        tools=[*ctx.runtime_tools, memory_store(ctx, approve_changes=True), calculator],
     )
     await ctx.agent.run()
 
@@ -108,8 +108,9 @@ _ARITHMETIC = re.compile(r"[\d(][\d\s.+\-*/%()]*[\d)]")
 HELP = (
     "(I am the scripted demo model: set ANTHROPIC_API_KEY to talk to Claude.) I can "
     "remember things ('remember that my X is Y'), recall them ('what is my X?'), forget "
-    "them (with your approval), read what you selected ('what did I select?'), calculate ('calculate 2 * (3 + 4)') and hand research to a researcher "
-    "('research ...')."
+    "or change them (with your approval), read what you selected in the console ('what "
+    "did I select?'), calculate ('calculate 2 * (3 + 4)') and hand research to a "
+    "researcher ('research ...')."
 )
 
 
@@ -200,7 +201,7 @@ def _after_tools(request: ModelRequest, results: list[dict[str, Any]]) -> str:
         elif name == "memory" and args.get("action") == "get":
             lines.append(text if "Nothing" in text else f"Your {text.replace(':', ' is', 1)}.")
         elif name == "getSelectedText":
-            selected = json.loads(text).get("text") if text.startswith("{") else text
+            selected = _selected(text)
             lines.append(f"You selected: {selected}" if selected else "You have selected nothing.")
         elif name == "dispatch":
             lines.append(
@@ -209,6 +210,15 @@ def _after_tools(request: ModelRequest, results: list[dict[str, Any]]) -> str:
         else:
             lines.append(text)
     return "\n".join(lines)
+
+
+def _selected(text: str) -> str:
+    """The text of a ``getSelectedText`` result (its output is ``{"text": ...}``)."""
+    try:
+        output = json.loads(text)
+    except ValueError:
+        return text
+    return str(output.get("text", "")) if isinstance(output, dict) else text
 
 
 def _call(

@@ -26,6 +26,7 @@ import dataclasses
 import gc
 import importlib
 import logging
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ import msgspec
 import redis.exceptions
 
 from . import terminal
+from .actions import ActionNotPendingError
 from .client import Runtime
 from .config import Settings
 from .errors import WaitTimeoutError, WakefulError
@@ -42,6 +44,8 @@ from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
 from .terminal import err, out
+
+_STREAM_ID = re.compile(r"\d+(-\d+)?")
 
 # Exit codes.
 OK = 0
@@ -68,7 +72,14 @@ def load_registry(spec: str) -> Registry:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(redis_url=getattr(args, "redis", None))
+    settings = Settings.from_env(redis_url=getattr(args, "redis", None))
+    url = settings.redis_url
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise WakefulError(
+            f"Redis URL {url!r} must start with redis://, rediss:// or unix:// "
+            "(from --redis or WAKEFUL_REDIS_URL)"
+        )
+    return settings
 
 
 def _identity(args: argparse.Namespace) -> dict[str, str] | None:
@@ -237,10 +248,11 @@ async def _stream(
     waiting = None if args.json else err.status(f"waiting for {args.url}", spinner="dots")
     if waiting is not None:
         waiting.start()
+    records = rt.stream_until_idle(
+        args.url, after=after, live_after=live_after, timeout=args.timeout
+    )
     try:
-        async for record in rt.stream_until_idle(
-            args.url, after=after, live_after=live_after, timeout=args.timeout
-        ):
+        async for record in records:
             if waiting is not None:
                 waiting.stop()
                 waiting = None
@@ -254,6 +266,7 @@ async def _stream(
             else:
                 printer.handle(record)
     finally:
+        await records.aclose()
         if waiting is not None:
             waiting.stop()
     return after, live_after
@@ -266,26 +279,40 @@ def _run_of(record: LogRecord) -> Any:
 
 
 async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: list[Any]) -> bool:
-    """Ask the operator about each approval; False if something is left unanswered."""
+    """Ask the operator about each pending approval; True if any answer was given (or
+    someone else answered first), so the run goes on and is followed further."""
     if args.json or args.no_input or not sys.stdin.isatty():
         return False
     from rich.prompt import Confirm, Prompt
 
-    for action in pending:
-        if action.kind != "approval":
-            return False
+    answered = False
+    for action in (a for a in pending if a.kind == "approval"):
         question = (
-            f"[yellow]approve[/] {action.tool} {terminal.short(action.input)} "
-            f"([dim]{action.tool_call_id}[/])?"
+            f"[yellow]approve[/] {terminal.escape(action.tool)} "
+            f"{terminal.escape(terminal.short(action.input))} ([dim]{action.tool_call_id}[/])?"
         )
-        if await asyncio.to_thread(Confirm.ask, question, console=err):
-            await rt.approve(args.url, action.tool_call_id, identity=_identity(args))
-        else:
-            reason = await asyncio.to_thread(
-                Prompt.ask, "reason", console=err, default="denied by the operator"
-            )
-            await rt.deny(args.url, action.tool_call_id, reason, identity=_identity(args))
-    return True
+        try:
+            if _prompt(Confirm.ask, question, console=err):
+                await rt.approve(args.url, action.tool_call_id, identity=_identity(args))
+            else:
+                reason = _prompt(
+                    Prompt.ask, "reason", console=err, default="denied by the operator"
+                )
+                await rt.deny(args.url, action.tool_call_id, reason, identity=_identity(args))
+        except ActionNotPendingError:
+            err.print(f"[dim]{action.tool_call_id} was answered meanwhile[/]")
+        answered = True
+    return answered
+
+
+def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
+    """Prompt in the main thread with Python's own Ctrl-C handling (asyncio's handler
+    only cancels the main task, which a blocking ``input()`` never notices)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return ask(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _ask_result(
@@ -308,7 +335,7 @@ def _ask_result(
             }
         )
     elif code not in (OK, SUSPENDED):
-        err.print(f"[red]{status}[/]" + (f": {error}" if error else ""))
+        err.print(f"[red]{status}[/]" + (f": {terminal.escape(error)}" if error else ""))
     return code
 
 
@@ -374,7 +401,12 @@ async def _ls(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for s in statuses:
         style = terminal.status_style(s.status)
-        table.add_row(s.url, f"[{style}]{s.status}[/]", str(s.pending_actions or ""), s.error or "")
+        table.add_row(
+            s.url,
+            f"[{style}]{s.status}[/]",
+            str(s.pending_actions or ""),
+            terminal.escape(s.error or ""),
+        )
     out.print(table)
     return OK
 
@@ -388,6 +420,8 @@ class _nothing:
 
 
 async def _tail(args: argparse.Namespace) -> int:
+    if args.after is not None and not _STREAM_ID.fullmatch(args.after):
+        raise WakefulError(f"--after {args.after!r} is not an event id (like 1700000000000-0)")
     rt = await _client(args)
     try:
         await rt.status(args.url)  # a clear error for a missing entity
@@ -634,6 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = _settings(args).redis_url
         err.print(f"[red]error:[/] cannot reach Redis at {url}: {terminal.escape(str(exc))}")
         return UNREACHABLE
+    except redis.exceptions.RedisError as exc:
+        err.print(f"[red]error:[/] Redis refused: {terminal.escape(str(exc))}")
+        return ERROR
     except KeyboardInterrupt:
         if args.command == "tail" and args.after:
             err.print(f"resume with: wakeful tail {args.url} -f --after {args.after}")

@@ -65,6 +65,8 @@ from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker
 
+READ_COUNT = 1000  # entries per stream and read when following an entity
+
 
 class Runtime:
     def __init__(
@@ -470,12 +472,12 @@ class Runtime:
             positions[live_key] = live_after or await self._live_tail(live_key)
             follow = True
         while True:
-            batches = await self._store.read_streams(positions, None)
+            batches = await self._store.read_streams(positions, None, READ_COUNT)
             if not batches and follow:
-                batches = await self._store.read_streams(positions, block_ms)
+                batches = await self._store.read_streams(positions, block_ms, READ_COUNT)
             if not batches and not follow:
                 return
-            for key, entry_id, fields in _merged(batches, live_key):
+            for key, entry_id, fields in _merged(batches, live_key, READ_COUNT):
                 positions[key] = entry_id
                 if key == live_key:
                     yield decode_live(entry_id, fields)
@@ -628,15 +630,27 @@ class Runtime:
 
 
 def _merged(
-    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str
+    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str, count: int
 ) -> list[tuple[str, str, dict[bytes, bytes]]]:
     """Entries of the log and the live stream in time order (by the millisecond of their
     ids). Within one millisecond live output comes first: a step's deltas are written
-    before the step is committed."""
+    before the step is committed.
+
+    A batch of ``count`` entries may have been cut short: entries of the other stream
+    later than its last millisecond are left for the next read, which returns the
+    rest of the cut stream first.
+    """
+
+    def ms(entry_id: str) -> int:
+        return int(entry_id.split("-", 1)[0])
+
+    cut = [ms(batch[-1][0]) for batch in batches.values() if len(batch) >= count]
+    until = min(cut) if cut else None
     entries = [
-        (int(entry_id.split("-", 1)[0]), key != live_key, index, key, entry_id, fields)
+        (ms(entry_id), key != live_key, index, key, entry_id, fields)
         for key, batch in batches.items()
         for index, (entry_id, fields) in enumerate(batch)
+        if until is None or ms(entry_id) <= until
     ]
     entries.sort(key=lambda e: e[:3])
     return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]

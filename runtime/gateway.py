@@ -6,7 +6,8 @@ status code below):
     GET  /                                          the web console (static, /console/)
     GET  /manifest                                  the registry's contract
     GET  /openapi.json                              this API
-    GET  /entities/{type}                           urls of the type's entities (readable ones)
+    GET  /entities/{type}                           urls of the type's entities the caller may
+                                                    read, sorted (?limit=, ?after=<last url>)
     POST /entities/{type}/{id}                      create (get-or-create) {args, message}
     POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
                                                     header Idempotency-Key
@@ -25,8 +26,9 @@ authoriser decides who may read or write which entity.
 
 Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
 404 unknown type or entity, 409 conflict (other args, action not pending),
-413 body or payload too large, 422 a value fails its schema. A request that
-fails writes nothing.
+413 body or payload too large, 415 a body that is not sent as
+application/json, 422 a value fails its schema. A request that fails writes
+nothing.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from .live import LiveRecord
 from .urls import entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
+LIST_LIMIT = 1000  # urls per page of GET /entities/{type}; ?after=<last url> for the next
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -139,6 +142,16 @@ def create_app(
         return identity
 
     async def body(request: Request) -> dict[str, Any]:
+        # Only JSON: a browser sends a cross-site form or text/plain POST without asking,
+        # but must ask (CORS preflight, which this app never grants) before sending JSON.
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise HTTPError(
+                415,
+                "UnsupportedMediaType",
+                f"send the body as JSON with Content-Type: application/json "
+                f"(got {media_type or 'no content type'})",
+            )
         raw = await request.body()
         if len(raw) > max_body_bytes:
             raise HTTPError(
@@ -224,8 +237,20 @@ def create_app(
     @endpoint
     async def listing(request: Request) -> Response:
         identity = await caller(request)
-        urls = await runtime.list(request.path_params["type"])
-        return JSONResponse([u for u in urls if authorize(identity, u, "read")])
+        after = request.query_params.get("after", "")
+        try:
+            limit = int(request.query_params.get("limit", LIST_LIMIT))
+        except ValueError:
+            raise HTTPError(400, "BadQuery", "limit must be a whole number") from None
+        if not 1 <= limit <= LIST_LIMIT:
+            raise HTTPError(400, "BadQuery", f"limit must be between 1 and {LIST_LIMIT}")
+        readable = []
+        for url in await runtime.list(request.path_params["type"]):
+            if url > after and authorize(identity, url, "read"):
+                readable.append(url)
+                if len(readable) == limit:
+                    break
+        return JSONResponse(readable)
 
     @endpoint
     async def children(request: Request) -> Response:
@@ -438,9 +463,16 @@ OPENAPI: dict[str, Any] = {
         },
         "/entities/{type}": {
             "get": {
-                "summary": "Urls of the type's entities the caller may read",
-                "parameters": [_ENTITY_PARAMS[0]],
-                "responses": {"200": {"description": "ok"}, "401": _ERROR, "404": _ERROR},
+                "summary": "Urls of the type's entities the caller may read, sorted",
+                "parameters": [
+                    _ENTITY_PARAMS[0],
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "ok"},
+                    **{str(c): _ERROR for c in (400, 401, 404)},
+                },
             }
         },
         "/entities/{type}/{id}/state": {"get": _op("Committed collections", 400, 401, 403, 404)},
@@ -486,3 +518,6 @@ OPENAPI: dict[str, Any] = {
         },
     },
 }
+for _operations in OPENAPI["paths"].values():
+    if "post" in _operations:  # every POST takes a JSON body (see body())
+        _operations["post"]["responses"]["415"] = _ERROR

@@ -32,8 +32,8 @@ from .events import (
 )
 from .live import LiveRecord
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def plain(value: Any) -> Any:
@@ -134,10 +134,17 @@ def event_line(record: LogRecord | UndecodableRecord | LiveRecord) -> str:
 
 
 class ReplyPrinter:
-    """Draws ``wakeful ask``: streamed text on stdout, activity on stderr."""
+    """Draws ``wakeful ask``: the agent's text on stdout, activity on stderr.
 
-    def __init__(self) -> None:
-        self.streamed: set[tuple[str | None, int | None]] = set()  # steps seen as deltas
+    On a terminal the text is streamed from live deltas. Piped, stdout gets only
+    the durable text of each step, so it is an exact copy of the reply even when
+    a step was retried after a model error (its deltas then repeat).
+    """
+
+    def __init__(self, *, stream: bool | None = None) -> None:
+        self.stream = out.is_terminal if stream is None else stream
+        # (run id, step) -> the text streamed for it so far
+        self.streamed: dict[tuple[str | None, int | None], str] = {}
         self.text_step: tuple[str | None, int | None] | None = None  # step being printed
         self.printed_text = False  # the current run printed agent text
         self.at_line_start = True
@@ -169,11 +176,13 @@ class ReplyPrinter:
     def _live(self, record: LiveRecord) -> None:
         event = record.event
         if event.kind == "text":
+            if not self.stream:
+                return
             step = (event.run_id, event.step)
             if step != self.text_step:
                 self._end_line()
                 self.text_step = step
-            self.streamed.add(step)
+            self.streamed[step] = self.streamed.get(step, "") + str(event.data)
             self._text(str(event.data))
         else:
             self._note(
@@ -186,13 +195,17 @@ class ReplyPrinter:
         elif isinstance(event, AssistantStep):
             text = "".join(b.get("text", "") for b in event.content if b.get("type") == "text")
             step = (event.run_id, event.step)
-            if text and step not in self.streamed:
+            streamed = self.streamed.pop(step, None)
+            if step == self.text_step:  # its deltas are printed: end their line
+                self._end_line()
+                self.text_step = None
+            if streamed is not None and streamed != text:
+                self._note("[dim](the step was retried; what it finally said:)[/]")
+                streamed = None
+            if text and streamed is None:
                 self._end_line()
                 self._text(text)
                 self._end_line()
-            elif step == self.text_step:  # its deltas are printed: end their line
-                self._end_line()
-                self.text_step = None
         elif isinstance(event, ToolIntent):
             for call in event.calls:
                 self._note(f"[dim]⚙ {escape(call.name)} {escape(short(call.input))}[/]")

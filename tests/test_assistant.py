@@ -378,3 +378,28 @@ async def test_a_crash_around_the_dispatch_spawns_one_child(cluster, point: str,
     assert (
         len([o for o in await _events(second, ASSISTANT, ToolOutcome) if o.name == "dispatch"]) == 1
     )
+
+
+async def test_the_assistant_asks_before_losing_a_fact(cluster):
+    """Adding a fact needs no approval; replacing or forgetting one waits for a person."""
+    from runtime.errors import RunSuspendedError
+
+    rt = await cluster.runtime(entities_registry)
+    await rt.ask(ASSISTANT, "remember that my color is teal")
+    assert await rt.pending_actions(ASSISTANT) == []
+    await rt.ask(ASSISTANT, "remember that my color is teal")  # the same value: nothing lost
+    with pytest.raises(RunSuspendedError):
+        await rt.ask(ASSISTANT, "remember that my color is blue")
+    [change] = await rt.pending_actions(ASSISTANT)
+    assert change.kind == "approval" and change.input["value"] == "blue"
+    await rt.deny(ASSISTANT, change.tool_call_id, "keep teal")
+    await rt.wait_idle(ASSISTANT)
+    assert (await rt.state(ASSISTANT))["kv"] == [{"key": "color", "value": "teal"}]
+    with pytest.raises(RunSuspendedError):
+        await rt.ask(ASSISTANT, "forget my color")
+    [forget] = await rt.pending_actions(ASSISTANT)
+    await rt.approve(ASSISTANT, forget.tool_call_id)
+    await rt.wait_idle(ASSISTANT)
+    assert (await rt.state(ASSISTANT))["kv"] == []
+    # Forgetting what was never remembered loses nothing: no approval.
+    assert "Nothing was remembered" in await rt.ask(ASSISTANT, "forget my shoe size")

@@ -208,7 +208,7 @@ async def test_pending_approve_and_deny(worker, server_url, prefix):
     assert "has no pending actions" in none.stdout
 
 
-async def test_tail_live_json_and_resume(worker, server_url, prefix):
+async def test_tail_json_and_resume(worker, server_url, prefix):
     await worker.ask("/assistant/t1", "calculate 2 * 21")
     whole = await run(server_url, prefix, "tail", "/assistant/t1", "--json")
     records = [json.loads(line) for line in whole.stdout.splitlines()]
@@ -275,8 +275,11 @@ def test_serve_answers_http_on_the_embedded_default():
         proc.wait(timeout=10)
 
 
-def _interact(command: list[str], env: dict[str, str], prompt: str, answer: str) -> tuple[int, str]:
-    """Run ``command`` on a pseudo-terminal; type ``answer`` once ``prompt`` shows."""
+def _interact(
+    command: list[str], env: dict[str, str], prompt: str, answer: str | int
+) -> tuple[int, str]:
+    """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
+    str) or send it the signal ``answer`` (an int)."""
     import pty
     import select
     import time
@@ -299,7 +302,10 @@ def _interact(command: list[str], env: dict[str, str], prompt: str, answer: str)
                     break
                 output += chunk
             if not answered and prompt.encode() in output:
-                os.write(master, answer.encode())
+                if isinstance(answer, int):
+                    proc.send_signal(answer)
+                else:
+                    os.write(master, answer.encode())
                 answered = True
             if proc.poll() is not None and not ready:
                 break
@@ -320,3 +326,82 @@ async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix
     assert code == 0, output
     assert "Forgot 'city'." in output
     assert (await worker.state("/assistant/i1"))["kv"] == []
+
+
+async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefix):
+    import signal
+
+    await worker.ask("/assistant/i2", "remember that my city is Lyon")
+    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i2", "forget my city"]
+    code, output = await asyncio.to_thread(
+        _interact, [*command, "--redis", server_url], env, "approve", signal.SIGINT
+    )
+    assert code == 130, output
+    # Nothing was answered: the call still waits.
+    [action] = await worker.pending_actions("/assistant/i2")
+    assert action.input == {"action": "delete", "key": "city"}
+
+
+async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
+    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i3", "calculate 6 * 7"]
+    code, output = await asyncio.to_thread(
+        _interact, [*command, "--redis", server_url], env, "never shown", ""
+    )
+    assert code == 0, output
+    assert output.count("42") >= 1 and "⚙ calculator" in output
+
+
+async def test_bad_arguments_are_named(worker, server_url, prefix):
+    bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
+    assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr
+    bad_redis = wakeful("localhost:6379", prefix, "ls")
+    assert bad_redis.returncode == 1 and "must start with redis://" in bad_redis.stderr
+    assert "Traceback" not in bad_after.stderr + bad_redis.stderr
+
+
+async def test_tail_follows_live_output(worker, server_url, prefix):
+    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+    await worker.ask("/assistant/l1", "hello")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "tail",
+            "/assistant/l1",
+            "-f",
+            "--live",
+            "--json",
+            "--redis",
+            server_url,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        records = []
+
+        def read_until_second_run() -> None:
+            finished = 0
+            for line in proc.stdout:  # type: ignore[union-attr]
+                records.append(json.loads(line))
+                if records[-1].get("event", {}).get("t") == "run_finished":
+                    finished += 1
+                    if finished == 2:
+                        return
+
+        reader = asyncio.create_task(asyncio.to_thread(read_until_second_run))
+        await asyncio.sleep(1.0)  # let tail catch up with the first run and block
+        await worker.send("/assistant/l1", "calculate 2 + 2")
+        await asyncio.wait_for(reader, 30)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    live = [r["live"] for r in records if "live" in r]
+    assert any(e["kind"] == "text" and "4" in e["data"] for e in live)
+    assert any(e["kind"] == "text" and e.get("step") for e in live)

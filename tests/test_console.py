@@ -9,6 +9,7 @@ its button, and answers the client tool ``getSelectedText`` from the page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -34,26 +35,23 @@ def _chromium() -> str:
     return CHROMIUM
 
 
-@pytest.fixture
-async def gateway(cluster: Any) -> AsyncIterator[tuple[str, Any]]:
-    """The gateway on a free port of 127.0.0.1, with an in-process worker."""
-    rt = await cluster.runtime(registry)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(rt), host="127.0.0.1", port=0, log_level="warning")
-    )
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` on a free port of 127.0.0.1; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", rt
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
 
 
-@pytest.fixture
-async def page(gateway: tuple[str, Any]) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def browser_page() -> AsyncIterator[Any]:
+    """A page of a fresh headless Chromium; fails the test if the page's script raised."""
     from playwright.async_api import async_playwright
 
     executable = _chromium()
@@ -71,6 +69,20 @@ async def page(gateway: tuple[str, Any]) -> AsyncIterator[Any]:
             assert errors == [], f"the page raised: {errors}"
         finally:
             await browser.close()
+
+
+@pytest.fixture
+async def gateway(cluster: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The gateway on a free port, with an in-process worker."""
+    rt = await cluster.runtime(registry)
+    async with serving(create_app(rt)) as base:
+        yield base, rt
+
+
+@pytest.fixture
+async def page(gateway: tuple[str, Any]) -> AsyncIterator[Any]:
+    async with browser_page() as page:
+        yield page
 
 
 async def open_entity(page: Any, base: str, entity_id: str) -> None:
@@ -95,11 +107,12 @@ async def test_chat_streams_the_reply(gateway, page):
     base, rt = gateway
     await open_entity(page, base, "web1")
     await say(page, "remember that my color is teal")
-    reply = page.locator(".bubble.agent", has_text="I'll remember that your color is teal")
+    reply = page.locator(
+        ".bubble.agent:not(.streaming)", has_text="I'll remember that your color is teal"
+    )
     await reply.wait_for()
     # The text arrived as live deltas before the durable step replaced it.
     assert int(await reply.get_attribute("data-deltas") or 0) >= 1
-    assert "streaming" not in (await reply.get_attribute("class") or "")
     # The user's message, the tool call and the state panel are drawn from the log.
     await page.locator(".bubble.user", has_text="remember that my color is teal").wait_for()
     await page.locator(".tool[data-state=done]", has_text="memory").wait_for()
@@ -182,32 +195,75 @@ async def test_children_panel_and_navigation(gateway, page):
 
 async def test_bad_token_is_reported(cluster):
     """With authentication on, the page says a token is needed instead of failing silently."""
-    from playwright.async_api import async_playwright
-
     from runtime.gateway import bearer_tokens
 
-    executable = _chromium()
     rt = await cluster.runtime(registry)
     app = create_app(rt, authenticate=bearer_tokens({"sesame": {"user": "ann"}}))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    try:
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(
-                executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
-            )
-            page = await browser.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            await page.goto(f"{base}/")
-            await page.locator("#error", has_text="Enter a bearer token").wait_for()
-            await page.fill("#token", "sesame")
-            await page.dispatch_event("#token", "change")
-            await page.wait_for_selector("#entity-type option[value=assistant]", state="attached")
-            assert await page.locator("#error").inner_text() == ""
-            await browser.close()
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(app) as base, browser_page() as page:
+        await page.goto(f"{base}/")
+        await page.locator("#error", has_text="Enter a bearer token").wait_for()
+        await page.fill("#token", "sesame")
+        await page.dispatch_event("#token", "change")
+        await page.wait_for_selector("#entity-type option[value=assistant]", state="attached")
+        assert await page.locator("#error").inner_text() == ""
+
+
+async def test_a_reader_can_look_but_not_write(cluster):
+    """The console opens an entity its user may only read, and creates nothing."""
+    from runtime.gateway import bearer_tokens
+
+    def readers_read(identity: Any, url: str, access: str) -> bool:
+        return access == "read" or (identity or {}).get("user") == "owner"
+
+    rt = await cluster.runtime(registry)
+    await rt.ask("/assistant/ro", "remember that my color is teal")
+    tokens = {"r-token": {"user": "reader"}, "o-token": {"user": "owner"}}
+    app = create_app(rt, authenticate=bearer_tokens(tokens), authorize=readers_read)
+    async with serving(app) as base, browser_page() as page:
+        await page.goto(f"{base}/")
+        await page.fill("#token", "r-token")
+        await page.dispatch_event("#token", "change")
+        await open_entity(page, base, "ro")
+        await page.locator(".bubble.agent", has_text="your color is teal").wait_for()
+        await say(page, "remember that my pet is a cat")
+        await page.locator("#error", has_text="403").wait_for()
+        # Opening an entity that does not exist would create it: refused, nothing made.
+        await page.fill("#entity-id", "new-one")
+        await page.click("#open")
+        await page.locator("#error", has_text="not allowed to write /assistant/new-one").wait_for()
+    assert await rt.list("assistant") == ["/assistant/ro"]
+    assert (
+        len([m async for m in rt.events("/assistant/ro") if type(m.event).__name__ == "Message"])
+        == 1
+    )
+
+
+async def test_switching_entities_shows_only_the_open_one(gateway, page):
+    """Opening B while A is still opening leaves B's stream, and only B's, on the page."""
+    base, rt = gateway
+    await rt.ask("/assistant/sw-a", "remember that my color is amber")
+    await rt.ask("/assistant/sw-b", "remember that my color is blue")
+
+    async def slow(route: Any) -> None:
+        await asyncio.sleep(0.6)
+        await route.continue_()
+
+    await page.route("**/entities/assistant/sw-a", slow)
+    await page.goto(f"{base}/")
+    await page.wait_for_selector("#entity-type option[value=assistant]", state="attached")
+    await page.select_option("#entity-type", "assistant")
+    await page.fill("#entity-id", "sw-a")
+    await page.click("#open")  # A's status read is held back for 0.6 s
+    await page.fill("#entity-id", "sw-b")
+    await page.click("#open")
+    await page.wait_for_selector("#entity-title[data-connection=live]")
+    await page.locator(".bubble.agent", has_text="your color is blue").wait_for()
+    await asyncio.sleep(1.0)  # A's held-back open has finished by now
+    assert (await page.locator("#entity-title").inner_text()).startswith("/assistant/sw-b")
+    # New events of A do not show; new events of B do.
+    await rt.ask("/assistant/sw-a", "what is my color?")
+    await say(page, "what is my color?")
+    await page.locator(".bubble.agent", has_text="Your color is blue.").wait_for()
+    text = await page.locator("#messages").inner_text()
+    assert "amber" not in text
+    assert await page.locator(".bubble.user", has_text="what is my color?").count() == 1

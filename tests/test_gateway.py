@@ -146,10 +146,18 @@ async def test_create_and_error_classes(cluster):
         assert missing.status_code == 404 and "does not exist" in missing.text
         bad_id = await http.get("/entities/echo/{bad}", headers=ALICE)
         assert bad_id.status_code == 400 and "invalid entity id" in bad_id.text
+        json_type = {**ALICE, "content-type": "application/json"}
         malformed = await http.post(
-            "/entities/echo/c1/messages", content=b"{not json", headers=ALICE
+            "/entities/echo/c1/messages", content=b"{not json", headers=json_type
         )
         assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "MalformedJSON"
+        # A form or text/plain POST (what a cross-site page can send unasked) is refused.
+        as_text = await http.post(
+            "/entities/echo/c1/messages",
+            content=b'{"payload": "x"}',
+            headers={**ALICE, "content-type": "text/plain"},
+        )
+        assert as_text.status_code == 415 and "application/json" in as_text.text
         no_payload = await http.post("/entities/echo/c1/messages", json={}, headers=ALICE)
         assert no_payload.status_code == 400
         too_big = await http.post(
@@ -231,6 +239,12 @@ async def test_listing_children_and_console(cluster):
             "/echo/alice",
             "/echo/shared",
         ]
+        first = await http.get("/entities/echo?limit=1", headers=ALICE)
+        assert first.json() == ["/echo/alice"]
+        rest = await http.get("/entities/echo?limit=1&after=/echo/alice", headers=ALICE)
+        assert rest.json() == ["/echo/shared"]
+        bad_limit = await http.get("/entities/echo?limit=0", headers=ALICE)
+        assert bad_limit.status_code == 400 and "limit" in bad_limit.text
         unknown = await http.get("/entities/nobody", headers=ALICE)
         assert unknown.status_code == 404
         assert (await http.get("/entities/echo")).status_code == 401
@@ -242,6 +256,8 @@ async def test_listing_children_and_console(cluster):
         assert [(k["url"], k["type"]) for k in kids] == [("/echo/kid-x", "echo")]
         missing = await http.get("/entities/echo/gone/children", headers=ALICE)
         assert missing.status_code == 404
+        not_hers = await http.get("/entities/echo/bob/children", headers=ALICE)
+        assert not_hers.status_code == 403
         root = await http.get("/")
         assert root.status_code == 307 and root.headers["location"] == "/console/"
         page = await http.get("/console/")

@@ -67,13 +67,15 @@ def _problem(p: MemoryRequest) -> str | None:
 
 
 def memory_store(
-    ctx: HandlerContext, collection: str = "kv", *, approve_deletes: bool = False
+    ctx: HandlerContext, collection: str = "kv", *, approve_changes: bool = False
 ) -> AgentTool:
     """The ``memory`` tool over ``collection`` of the entity awake in ``ctx``.
 
-    With ``approve_deletes`` a ``delete`` call waits for a person's approval
-    (``rt.approve`` / ``rt.deny``, the console's buttons) before it runs; the
-    run is suspended meanwhile and resumes with the decision.
+    With ``approve_changes`` a call that would lose a remembered fact (``delete``
+    of a key, or ``set`` replacing a different value) waits for a person's
+    approval (``rt.approve`` / ``rt.deny``, the console's buttons, ``wakeful
+    approve``) before it runs; the run is suspended meanwhile and resumes with
+    the decision. Adding a new fact needs none.
 
     The collection must be declared with rows of :class:`Note` keyed by
     ``key`` (``MEMORY_COLLECTION``). A missing collection is a programming
@@ -125,8 +127,11 @@ def memory_store(
             details={"key": key, "replaced": current.value},
         )
 
-    async def delete_needs_approval(call_id: str, p: MemoryRequest) -> bool:
-        return p.action == "delete" and rows.get((p.key or "").strip()) is not None
+    async def loses_a_fact(call_id: str, p: MemoryRequest) -> bool:
+        current: Note | None = rows.get((p.key or "").strip())
+        if current is None or _problem(p) is not None:
+            return False
+        return p.action == "delete" or (p.action == "set" and p.value != current.value)
 
     return AgentTool(
         "memory",
@@ -136,7 +141,7 @@ def memory_store(
         MemoryRequest,
         execute,
         label="Memory",
-        needs_approval=delete_needs_approval if approve_deletes else None,
+        needs_approval=loses_a_fact if approve_changes else None,
     )
 
 

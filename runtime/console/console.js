@@ -30,12 +30,15 @@ const $ = (selector) => document.querySelector(selector);
 
 const app = {
   url: null, // "/type/id" of the open entity
+  generation: 0, // bumped by every open: work started for an older open stops
   stream: null, // AbortController of the event stream
-  lastEventId: null, // "<log id>|<live id>", for resuming
   stepBubbles: new Map(), // "<run id>:<step>" -> the agent bubble of that model step
   runText: false, // the open run has shown agent text
   toolCards: new Map(), // tool_call_id -> element
   answering: new Set(), // client tool calls answered (or being answered) by this page
+  sent: new Set(), // event ids of the messages this browser sent to the open entity
+  runSources: new Map(), // run id -> ids of the messages it took (from user_turn events)
+  refreshes: 0, // the latest side-panel read; older answers are dropped
   selection: "",
   refreshTimer: null,
 };
@@ -113,29 +116,65 @@ async function loadTypes() {
 async function openEntity(type, id) {
   const url = `/${type}/${id}`;
   closeStream();
-  Object.assign(app, { url, lastEventId: null, runText: false });
-  app.stepBubbles.clear();
-  app.toolCards.clear();
-  app.answering.clear();
+  const generation = ++app.generation;
+  Object.assign(app, { url, runText: false, sent: loadSent(url) });
+  for (const collection of [app.stepBubbles, app.toolCards, app.answering, app.runSources]) {
+    collection.clear();
+  }
   $("#messages").replaceChildren();
+  clearPanels();
   $("#entity-title").textContent = url;
   $("#entity-type").value = type;
   $("#entity-id").value = id;
   if (location.hash !== `#${url}`) history.replaceState(null, "", `#${url}`);
+  setComposer(false);
   try {
-    await api("POST", entityPath(url), {}); // get-or-create
+    await api("GET", entityPath(url));
   } catch (error) {
-    if (error.status !== 409) {
-      showError(error);
-      return;
+    if (error.status !== 404) return openFailed(generation, error);
+    try {
+      await api("POST", entityPath(url), {}); // a new entity: create it
+    } catch (createError) {
+      return openFailed(generation, createError);
     }
   }
+  if (generation !== app.generation) return; // another entity was opened meanwhile
   showError(null);
-  for (const el of ["#input", "#send", "#cancel-run"]) $(el).disabled = false;
+  setComposer(true);
   $("#input").focus();
-  follow(url);
+  follow(url, generation);
   refreshPanels();
   refreshEntities();
+}
+
+function openFailed(generation, error) {
+  if (generation === app.generation) showError(error);
+}
+
+function setComposer(enabled) {
+  for (const el of ["#input", "#send", "#cancel-run"]) $(el).disabled = !enabled;
+}
+
+function clearPanels() {
+  $("#status").innerHTML = "<dt>entity</dt><dd>loading</dd>";
+  for (const panel of ["#actions", "#children"]) $(panel).innerHTML = '<p class="muted">none</p>';
+  $("#state").innerHTML = '<p class="muted">no collections</p>';
+}
+
+// The ids of messages sent from this browser survive a reload, so that a client
+// tool call of a run it started is still answered by it (and by no other page).
+function loadSent(url) {
+  try {
+    return new Set(JSON.parse(localStorage.getItem(`wakeful-sent:${url}`) || "[]"));
+  } catch {
+    return new Set();
+  }
+}
+
+function rememberSent(url, eventId) {
+  app.sent.add(eventId);
+  const recent = [...app.sent].slice(-100);
+  localStorage.setItem(`wakeful-sent:${url}`, JSON.stringify(recent));
 }
 
 function closeStream() {
@@ -145,22 +184,28 @@ function closeStream() {
 
 // -- the event stream ------------------------------------------------------------
 
-async function follow(url) {
+async function follow(url, generation) {
+  closeStream();
   const controller = new AbortController();
   app.stream = controller;
+  let lastEventId = null; // "<log id>|<live id>": where to resume
   let delay = 250;
-  while (!controller.signal.aborted) {
+  while (!controller.signal.aborted && generation === app.generation) {
+    let reader = null;
     try {
       const headers = requestHeaders({ accept: "text/event-stream" });
-      if (app.lastEventId) headers["last-event-id"] = app.lastEventId;
+      if (lastEventId) headers["last-event-id"] = lastEventId;
       const response = await fetch(entityPath(url, "/events?live=1"), {
         headers,
         signal: controller.signal,
       });
-      if (!response.ok) throw new ApiError(response.status, `event stream: ${response.status}`);
+      if (!response.ok) {
+        const body = await response.text();
+        throw new ApiError(response.status, `event stream of ${url}: ${response.status} ${body}`);
+      }
       setConnection("live");
       delay = 250;
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {
         const { value, done } = await reader.read();
@@ -170,16 +215,21 @@ async function follow(url) {
         while ((end = buffer.indexOf("\n\n")) >= 0) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
-          if (app.stream === controller) handleBlock(block);
+          if (app.stream !== controller) return;
+          lastEventId = handleBlock(block) || lastEventId;
         }
       }
     } catch (error) {
       if (controller.signal.aborted) return;
-      if (error.status === 401 || error.status === 403 || error.status === 404) {
-        showError(error);
+      if (error.status >= 400 && error.status < 500) {
+        showError(error); // not going to get better by retrying
         return;
       }
+      console.warn("event stream interrupted:", error);
+    } finally {
+      if (reader) reader.cancel().catch(() => {});
     }
+    if (controller.signal.aborted) return;
     setConnection("reconnecting");
     await sleep(delay);
     delay = Math.min(delay * 2, 5000);
@@ -187,18 +237,19 @@ async function follow(url) {
 }
 
 function setConnection(state) {
+  if (!app.url) return;
   $("#entity-title").dataset.connection = state;
   $("#entity-title").textContent = `${app.url} · ${state}`;
 }
 
+// Draws one server-sent event; returns its id (the position to resume after).
 function handleBlock(block) {
   const fields = {};
   for (const line of block.split("\n")) {
     const colon = line.indexOf(": ");
     if (colon > 0) fields[line.slice(0, colon)] = line.slice(colon + 2);
   }
-  if (!fields.data) return;
-  if (fields.id) app.lastEventId = fields.id;
+  if (!fields.data) return null;
   const { event } = JSON.parse(fields.data);
   if (fields.event === "live") {
     onLive(event);
@@ -206,6 +257,7 @@ function handleBlock(block) {
     onDurable(fields.event, event);
     scheduleRefresh();
   }
+  return fields.id || null;
 }
 
 function onLive(event) {
@@ -236,6 +288,12 @@ function onDurable(kind, event) {
       break;
     case "run_started":
       app.runText = false;
+      break;
+    case "user_turn":
+      app.runSources.set(event.run_id, [
+        ...(app.runSources.get(event.run_id) || []),
+        ...(event.sources || []),
+      ]);
       break;
     case "assistant_step":
       onAssistantStep(event);
@@ -395,6 +453,7 @@ function scheduleRefresh() {
 async function refreshPanels() {
   const url = app.url;
   if (!url) return;
+  const refresh = ++app.refreshes;
   try {
     const [status, actions, children, state] = await Promise.all([
       api("GET", entityPath(url)),
@@ -402,14 +461,14 @@ async function refreshPanels() {
       api("GET", entityPath(url, "/children")),
       api("GET", entityPath(url, "/state")),
     ]);
-    if (url !== app.url) return;
+    if (url !== app.url || refresh !== app.refreshes) return; // a newer read is drawn
     drawStatus(status);
     drawActions(actions);
     drawChildren(children);
     drawState(state);
     answerClientTools(actions);
   } catch (error) {
-    showError(error);
+    if (url === app.url) showError(error);
   }
 }
 
@@ -439,6 +498,7 @@ function drawStatus(status) {
 }
 
 function drawActions(actions) {
+  const url = app.url; // the buttons answer this entity, whatever is open when clicked
   const box = $("#actions");
   if (!actions.length) {
     box.innerHTML = '<p class="muted">none</p>';
@@ -460,12 +520,16 @@ function drawActions(actions) {
       const buttons = card.querySelector(".buttons");
       if (action.kind === "approval") {
         buttons.append(
-          button("Approve", "approve", () => answer(action, "approve", {})),
-          button("Deny", "deny", () => answer(action, "deny", { reason: "denied in the console" })),
+          button("Approve", "approve", () => answer(url, action, "approve", {})),
+          button("Deny", "deny", () =>
+            answer(url, action, "deny", { reason: "denied in the console" }),
+          ),
         );
       } else if (!app.answering.has(action.tool_call_id)) {
         buttons.append(
-          button("Fail", "deny", () => answer(action, "fail", { error: "failed in the console" })),
+          button("Fail", "deny", () =>
+            answer(url, action, "fail", { error: "failed in the console" }),
+          ),
         );
       }
       return card;
@@ -485,23 +549,38 @@ function button(label, className, onClick) {
   return b;
 }
 
-async function answer(action, verb, body) {
+// Returns true when the answer was taken, or someone else's answer was (409).
+async function answer(url, action, verb, body) {
+  const path = entityPath(url, `/actions/${encodeURIComponent(action.tool_call_id)}/${verb}`);
   try {
-    await api("POST", entityPath(app.url, `/actions/${encodeURIComponent(action.tool_call_id)}/${verb}`), body);
+    await api("POST", path, body);
     showError(null);
+    return true;
   } catch (error) {
     showError(error);
+    return error.status === 409;
+  } finally {
+    if (url === app.url) scheduleRefresh();
   }
-  scheduleRefresh();
 }
 
-// The browser-side tool: answer each pending getSelectedText call once.
+// The browser-side tool: answer each pending getSelectedText call of a run this
+// browser started, once (again later if the answer did not get through).
 function answerClientTools(actions) {
+  const url = app.url;
   for (const action of actions) {
     if (action.kind !== "client" || action.tool !== "getSelectedText") continue;
-    if (app.answering.has(action.tool_call_id)) continue;
+    const sources = app.runSources.get(action.run_id) || [];
+    if (!sources.some((id) => app.sent.has(id)) || app.answering.has(action.tool_call_id)) {
+      continue; // a run this browser did not start, or answered already
+    }
     app.answering.add(action.tool_call_id);
-    answer(action, "submit", { output: { text: currentSelection() } });
+    answer(url, action, "submit", { output: { text: currentSelection() } }).then((taken) => {
+      if (!taken) {
+        app.answering.delete(action.tool_call_id);
+        if (url === app.url) setTimeout(refreshPanels, 1000); // try again
+      }
+    });
   }
 }
 
@@ -594,13 +673,15 @@ async function sendMessage() {
   const text = $("#input").value.trim();
   if (!text || !app.url) return;
   $("#send").disabled = true;
+  const url = app.url;
   try {
-    await api(
+    const sent = await api(
       "POST",
-      entityPath(app.url, "/messages"),
+      entityPath(url, "/messages"),
       { payload: text, client_tools: CLIENT_TOOLS },
       { "idempotency-key": newKey() },
     );
+    rememberSent(url, sent.event_id);
     $("#input").value = "";
     showError(null);
   } catch (error) {
