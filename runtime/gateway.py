@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,10 @@ from .errors import (
 )
 from .events import LogRecord, UndecodableRecord
 from .live import LiveRecord
-from .urls import entity_url
+from .urls import ID_MAX, ID_PATTERN, TYPE_MAX, TYPE_PATTERN, entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
+log = logging.getLogger("wakeful.gateway")
 LIST_LIMIT = 1000  # urls per page of GET /entities/{type}; ?after=<last url> for the next
 
 Identity = dict[str, str]
@@ -161,6 +163,8 @@ def create_app(
             return {}
         try:
             data = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            raise HTTPError(400, "MalformedJSON", f"request body is not UTF-8: {exc}") from None
         except json.JSONDecodeError as exc:
             raise HTTPError(400, "MalformedJSON", f"request body is not JSON: {exc}") from None
         if not isinstance(data, dict):
@@ -182,6 +186,12 @@ def create_app(
                 return await handler(request)
             except (HTTPError, WakefulError) as exc:
                 return error_response(exc)
+            except Exception:  # a bug: log it, and answer JSON without internals
+                log.exception("gateway: %s %s failed", request.method, request.url.path)
+                return JSONResponse(
+                    {"error": {"type": "InternalError", "message": "the gateway failed"}},
+                    status_code=500,
+                )
 
         return wrapped
 
@@ -233,6 +243,9 @@ def create_app(
         url, _ = await entity(request, "read")
         await runtime.status(url)  # 404 for a missing entity
         return JSONResponse(await runtime.state(url))
+
+    async def entity_root(request: Request) -> Response:
+        return await (create if request.method == "POST" else status)(request)
 
     @endpoint
     async def listing(request: Request) -> Response:
@@ -325,8 +338,7 @@ def create_app(
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
             Route("/entities/{type}", listing, methods=["GET"]),
-            Route(base, create, methods=["POST"]),
-            Route(base, status, methods=["GET"]),
+            Route(base, entity_root, methods=["GET", "POST"]),
             Route(base + "/messages", send, methods=["POST"]),
             Route(base + "/state", state),
             Route(base + "/children", children),
@@ -380,8 +392,18 @@ def _raw(value: Any) -> Any:
 
 
 _ENTITY_PARAMS = [
-    {"name": "type", "in": "path", "required": True, "schema": {"type": "string"}},
-    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+    {
+        "name": "type",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": f"^{TYPE_PATTERN}$", "maxLength": TYPE_MAX},
+    },
+    {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": f"^{ID_PATTERN}$", "maxLength": ID_MAX},
+    },
 ]
 _ERROR = {
     "description": "error",
@@ -398,9 +420,29 @@ def _op(
         "responses": {"200": {"description": "ok"}, **{str(c): _ERROR for c in codes}},
     }
     if body is not None:
-        op["requestBody"] = {"content": {"application/json": {"schema": body}}}
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": body}},
+        }
     return op
 
+
+_TEXT = {"type": "string"}
+_ANSWERS = [
+    (
+        "submit",
+        "Answer a client tool call with its output (checked against its output schema)",
+        {"type": "object", "required": ["output"], "properties": {"output": {}}},
+    ),
+    ("fail", "Fail a client tool call", {"type": "object", "properties": {"error": _TEXT}}),
+    ("cancel", "Cancel a pending call (client tool or approval)", {"type": "object"}),
+    (
+        "approve",
+        "Approve a call, optionally with an edited input",
+        {"type": "object", "properties": {"edited_input": {}}},
+    ),
+    ("deny", "Deny a call", {"type": "object", "properties": {"reason": _TEXT}}),
+]
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -466,7 +508,11 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Urls of the type's entities the caller may read, sorted",
                 "parameters": [
                     _ENTITY_PARAMS[0],
-                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT},
+                    },
                     {"name": "after", "in": "query", "schema": {"type": "string"}},
                 ],
                 "responses": {
@@ -493,28 +539,39 @@ OPENAPI: dict[str, Any] = {
                 ],
             )
         },
-        "/entities/{type}/{id}/cancel": {"post": _op("Cancel the current run", 400, 401, 403, 404)},
-        "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},
-        "/entities/{type}/{id}/actions/{call}/{verb}": {
+        "/entities/{type}/{id}/cancel": {
             "post": _op(
-                "Answer a pending action: submit {output}, fail {error}, cancel, approve "
-                "{edited_input}, deny {reason}",
+                "Cancel the current run",
                 400,
                 401,
                 403,
                 404,
-                409,
-                422,
-                params=[
-                    {"name": "call", "in": "path", "required": True, "schema": {"type": "string"}},
-                    {
-                        "name": "verb",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"enum": ["submit", "fail", "cancel", "approve", "deny"]},
-                    },
-                ],
+                body={"type": "object", "properties": {"reason": {"type": "string"}}},
             )
+        },
+        "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},
+        **{
+            f"/entities/{{type}}/{{id}}/actions/{{call}}/{verb}": {
+                "post": _op(
+                    summary,
+                    400,
+                    401,
+                    403,
+                    404,
+                    409,
+                    422,
+                    body=body,
+                    params=[
+                        {
+                            "name": "call",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                )
+            }
+            for verb, summary, body in _ANSWERS
         },
     },
 }

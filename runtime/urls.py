@@ -19,8 +19,10 @@ from .errors import InvalidTypeNameError, InvalidUrlError
 
 TYPE_MAX = 64
 ID_MAX = 200
-_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]*")
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@-]*")
+TYPE_PATTERN = r"[a-z][a-z0-9_-]*"
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._~:@-]*"
+_TYPE_RE = re.compile(TYPE_PATTERN)
+_ID_RE = re.compile(ID_PATTERN)
 
 
 class EntityUrl(NamedTuple):

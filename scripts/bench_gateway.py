@@ -99,7 +99,15 @@ async def wrk_posts(base: str, connections: int, seconds: float) -> float:
         return float("nan")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script.name, base]
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "-s",
+        script.name,
+        base,
+    ]
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
     os.unlink(script.name)
     match = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)

@@ -151,6 +151,10 @@ async def test_create_and_error_classes(cluster):
             "/entities/echo/c1/messages", content=b"{not json", headers=json_type
         )
         assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "MalformedJSON"
+        not_utf8 = await http.post(
+            "/entities/echo/c1/messages", content=b"\xfe\x9f{", headers=json_type
+        )
+        assert not_utf8.status_code == 400 and "not UTF-8" in not_utf8.text
         # A form or text/plain POST (what a cross-site page can send unasked) is refused.
         as_text = await http.post(
             "/entities/echo/c1/messages",
@@ -216,6 +220,19 @@ async def test_manifest_openapi_and_cancel(cluster):
         manifest = await http.get("/manifest", headers=ALICE)
         assert {t["name"] for t in manifest.json()["types"]} == {"echo", "page", "parent"}
         spec = (await http.get("/openapi.json")).json()
+        # Every answer verb is its own documented operation, with its body.
+        answers = [p for p in spec["paths"] if "/actions/{call}/" in p]
+        assert sorted(p.rsplit("/", 1)[1] for p in answers) == [
+            "approve",
+            "cancel",
+            "deny",
+            "fail",
+            "submit",
+        ]
+        submit = spec["paths"]["/entities/{type}/{id}/actions/{call}/submit"]["post"]
+        assert submit["requestBody"]["content"]["application/json"]["schema"]["required"] == [
+            "output"
+        ]
         assert (
             spec["openapi"].startswith("3.") and "/entities/{type}/{id}/messages" in spec["paths"]
         )
