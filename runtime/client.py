@@ -63,7 +63,7 @@ from .status import EntityStatus, status_from_meta
 from .store import Store, TargetMissingError
 from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
-from .worker import Worker
+from .worker import Worker, check_skipped
 
 READ_COUNT = 1000  # entries per stream and read when following an entity
 
@@ -436,14 +436,19 @@ class Runtime:
             else EntityState(collections)
         )
         cursor = (loaded.meta.get("cursor") or b"0-0").decode()
+        records: list[LogRecord] = []
+        handled_undecodable: list[EventDecodeError] = []
         for entry_id, fields in loaded.entries:
             try:
-                event = decode_entry(entry_id, fields, url).event
-            except EventDecodeError:
+                record = decode_entry(entry_id, fields, url)
+            except EventDecodeError as exc:
                 if id_gt(entry_id, cursor):
                     raise
-                continue  # at or before the cursor: skipped by an operator, as the worker does
-            state.fold(entry_id, event)
+                handled_undecodable.append(exc)  # fine only if an operator skipped it
+                continue
+            records.append(record)
+            state.fold(entry_id, record.event)
+        check_skipped(handled_undecodable, records)
         return state
 
     async def events(

@@ -95,9 +95,18 @@ class CancelSignal:
 
 @dataclass(frozen=True)
 class WakeInfo:
-    """Why the handler runs: the input events after the entity's cursor, in log order."""
+    """Why the handler runs: the input events after the entity's cursor, in log order.
+
+    ``resumed`` is true when an earlier attempt at these same inputs got past a
+    commit point (``ctx.flush()``, an agent step) before it crashed or failed:
+    what it wrote up to there is durable and is in ``ctx.db`` now, and the
+    handler runs again from the top. Work before a commit point must therefore
+    be safe to do again, or be skipped when ``resumed`` (the agent loop resumes
+    from its journal this way).
+    """
 
     events: list[LogRecord]
+    resumed: bool = False
 
     @property
     def id(self) -> str:

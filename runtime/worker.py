@@ -56,6 +56,7 @@ from .events import (
     Event,
     HandlerFailed,
     LogRecord,
+    Resumed,
     decode_entry,
     decode_event,
     encode_event,
@@ -521,20 +522,19 @@ class Worker:
         records: list[LogRecord] = []
         inputs: list[LogRecord] = []
         undecodable: list[EventDecodeError] = []
+        handled_undecodable: list[EventDecodeError] = []
         for entry_id, fields in loaded.entries:
             try:
                 record = decode_entry(entry_id, fields, url)
             except EventDecodeError as exc:
-                if id_gt(entry_id, cursor):
-                    undecodable.append(exc)
-                else:  # at or before the cursor: handled or skipped by an operator
-                    log.warning("ignoring undecodable event at or before the cursor: %s", exc)
+                (undecodable if id_gt(entry_id, cursor) else handled_undecodable).append(exc)
                 records.append(LogRecord(entry_id, Event()))
                 continue
             records.append(record)
             state.fold(entry_id, record.event)
             if record.event.is_input and id_gt(entry_id, cursor):
                 inputs.append(record)
+        check_skipped(handled_undecodable, records)
         return state, records, inputs, undecodable
 
     def _activation(
@@ -577,14 +577,24 @@ class Worker:
         if cancel is not None:
             act.cancel_effects(cancel.reason)
 
+        # A commit point inside the wake leaves the cursor where it is: mark the inputs
+        # as partly handled, so that a retried wake knows (ctx.wake.resumed).
+        first_input = inputs[0].id
+        partial = _text(meta, "partial")  # the first input of an attempt that flushed
+        resumed = partial == first_input
+        flushed = False
+
         async def flush() -> None:
+            nonlocal flushed
             batch = act.take_commit(CURRENT_TOOL_CALL.get())
             if batch:
+                flushed = True
                 self._fault("flush:before-commit")
                 ids = await self.store.commit(
                     url,
                     token,
                     events=batch.events,
+                    fields={"partial": first_input},
                     created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                     actions=batch.actions,
@@ -603,7 +613,7 @@ class Worker:
             entity_type=parsed.type,
             entity_id=parsed.id,
             args=entity_type.typed_args(unpack(raw_args) if raw_args else None),
-            wake=WakeInfo(inputs),
+            wake=WakeInfo(inputs, resumed=resumed),
             first_wake=_text(meta, "cursor") == ZERO,
             db=act.db,
             signal=signal,
@@ -640,6 +650,8 @@ class Worker:
         fields: dict[str, Any] = {}
         if attempts:
             fields["attempts"] = 0
+        if partial or flushed:
+            fields["partial"] = ""  # these inputs are handled now
         self._fault("wake:before-commit")
         awaited = state.system.awaited_children()
         if awaited != int(meta.get("waiting") or 0):
@@ -875,6 +887,19 @@ def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list
 
 def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def check_skipped(undecodable: list[EventDecodeError], records: list[LogRecord]) -> None:
+    """An undecodable entry at or before the cursor may only be one an operator skipped
+    (``resume(skip_failed=True)`` lists it in a ``resumed`` event). Anything else, such
+    as a state event written by a newer version, leaves the state unknown: raise."""
+    if not undecodable:
+        return
+    skipped = {i for r in records if isinstance(r.event, Resumed) for i in r.event.skipped}
+    for exc in undecodable:
+        if exc.stream_id not in skipped:
+            raise exc
+        log.info("skipping dead-lettered undecodable event %s of %s", exc.stream_id, exc.url)
 
 
 def _text(meta: dict[str, bytes], field: str) -> str:

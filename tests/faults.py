@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runtime import Registry, Runtime
@@ -21,11 +22,18 @@ async def crash_and_recover(
     hit: int,
     *,
     timeout: float = 30,
+    setup: Callable[[Runtime], Awaitable[Any]] | None = None,
+    trigger: Callable[[Runtime], Awaitable[Any]] | None = None,
 ) -> Runtime:
     """Send ``message`` to ``url`` on a worker that is killed (no cleanup, leases kept
     until they expire) at the ``hit``-th time it reaches ``point``; then start a
-    fresh worker, wait until ``url`` is idle again, and return that runtime."""
+    fresh worker, wait until ``url`` is idle again, and return that runtime.
+
+    ``setup`` runs on the first worker before the fault is armed; ``trigger``, if
+    given, replaces sending ``message`` as what leads to the crash point."""
     first = await cluster.runtime(registry, lease_ttl_ms=400)
+    if setup is not None:
+        await setup(first)
     assert first.worker is not None
     crashed = asyncio.Event()
     seen = 0
@@ -40,7 +48,10 @@ async def crash_and_recover(
                 raise SimulatedCrash(name)
 
     first.worker.fault_hook = hook
-    await first.send(url, message)
+    if trigger is not None:
+        await trigger(first)
+    else:
+        await first.send(url, message)
     await asyncio.wait_for(crashed.wait(), 15)  # the crash point must really be reached
     await first.close()
     cluster.runtimes.remove(first)

@@ -1,4 +1,5 @@
-"""Crash injection at every commit point of the spawn, send, notify and timer paths.
+"""Crash injection at every commit point of the spawn, send, notify, timer, subscribe and
+cancel paths.
 
 A worker is killed (no cleanup, leases kept until they expire) at the N-th time
 it reaches a named commit point; a fresh worker recovers. Afterwards every child
@@ -8,15 +9,20 @@ child run.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from runtime import (
+    CancelRequested,
+    Changed,
     ChildRunFinished,
+    Collection,
     Created,
     HandlerContext,
     Message,
     Registry,
     RunFinished,
+    Subscribed,
     Wake,
 )
 from tests.faults import crash_and_recover
@@ -98,3 +104,86 @@ async def test_crash_at_commit_point_recovers_exactly_once(cluster, point: str, 
     sink = await _events(second, "/sink/s")
     assert [e.payload for e in sink if isinstance(e, Message)] == ["hello"]
     assert len(await second.list("helper")) == 3
+
+
+# -- the subscribe, cancel and expire paths -------------------------------------------------
+
+
+class Row(msgspec.Struct):
+    key: str
+
+
+def observing_app() -> Registry:
+    """``watcher`` observes ``/data/d``; ``data`` stores rows; ``boss`` spawns idle workers."""
+    reg = Registry()
+
+    @reg.entity("watcher")
+    async def watcher(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "watch":
+                await ctx.observe("/data/d", wake=Wake.change(collections=["rows"]))
+
+    @reg.entity("data", state={"rows": Collection(primary_key="key", row=Row)})
+    async def data(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.db.actions.rows_insert(row=Row(m.payload))
+
+    @reg.entity("boss")
+    async def boss(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "hire":
+                ctx.record_run()
+                for n in range(2):
+                    await ctx.spawn("idler", f"i{n}", initial_message="wait")
+
+    @reg.entity("idler")
+    async def idler(ctx: HandlerContext) -> None:
+        if ctx.wake.messages:
+            ctx.record_run()  # a run that stays open until it is cancelled
+
+    return reg
+
+
+async def test_crash_after_a_subscription_is_delivered_subscribes_once(cluster):
+    async def setup(rt):
+        await rt.send("/data/d", "first")
+        await rt.wait_idle("/data/d")
+
+    second = await crash_and_recover(
+        cluster, observing_app(), "/watcher/w", "watch", "deliver:after-subscribe", 1, setup=setup
+    )
+    subscribed = [e for e in await _events(second, "/data/d") if isinstance(e, Subscribed)]
+    assert [s.subscriber for s in subscribed] == ["/watcher/w"]
+    await second.send("/data/d", "second")
+    await second.wait_idle("/data/d")
+    await second.wait_idle("/watcher/w")
+    changes = [e for e in await _events(second, "/watcher/w") if isinstance(e, Changed)]
+    assert len(changes) == 1 and changes[0].entity == "/data/d"
+
+
+async def test_crash_while_cancelling_children_cancels_each_once(cluster):
+    async def setup(rt):
+        await rt.send("/boss/b", "hire")
+        await rt.wait_idle("/boss/b")  # its spawns are delivered
+        for n in range(2):
+            await rt.wait_idle(f"/idler/i{n}")
+
+    second = await crash_and_recover(
+        cluster,
+        observing_app(),
+        "/boss/b",
+        None,
+        "deliver:after-cancel",
+        1,
+        setup=setup,
+        trigger=lambda rt: rt.cancel("/boss/b", "enough"),
+    )
+    for n in range(2):
+        await second.wait_idle(f"/idler/i{n}")
+        events = await _events(second, f"/idler/i{n}")
+        cancels = [e for e in events if isinstance(e, CancelRequested)]
+        assert len(cancels) == 1 and cancels[0].by == "/boss/b"
+        runs = [e for e in events if isinstance(e, RunFinished)]
+        assert [r.status for r in runs] == ["cancelled"]
+    boss_runs = [e for e in await _events(second, "/boss/b") if isinstance(e, RunFinished)]
+    assert [r.status for r in boss_runs] == ["cancelled"]

@@ -101,11 +101,18 @@ async def all_owned_by(workers: Workers, side: Redis, worker_id: str) -> bool:
 # -- 1. kill -9 mid-handler -------------------------------------------------------
 
 
-@pytest.mark.parametrize("b_starts", ["before_kill", "after_kill"])
+@pytest.mark.parametrize(
+    ("b_starts", "snapshot_every"),
+    [("before_kill", 1000), ("after_kill", 1000), ("after_kill", 2)],
+    ids=["before_kill", "after_kill", "after_kill-snapshots"],
+)
 async def test_kill9_mid_handler_next_worker_finishes_exactly_once(
-    workers, rt, side, prefix, b_starts
+    workers, rt, side, prefix, b_starts, snapshot_every
 ):
-    a = workers.start()
+    """With ``snapshot_every=2`` both workers write and load snapshots all along, so the
+    crash meets them: B rebuilds from A's snapshots plus the log after them."""
+    workers_env = {"WAKEFUL_SNAPSHOT_EVERY": snapshot_every}
+    a = workers.start(**workers_env)
     await workers.registered(side, a)
     await until(lambda: all_owned_by(workers, side, a.id), 10, "worker A to own every partition")
 
@@ -125,12 +132,12 @@ async def test_kill9_mid_handler_next_worker_finishes_exactly_once(
     await until(lambda: delivered(side, workers, slow_url), 10, "A to read every pointer")
 
     if b_starts == "before_kill":
-        b = workers.start()
+        b = workers.start(**workers_env)
         await workers.registered(side, b)
     a.kill()
     assert a.popen.returncode == -9
     if b_starts == "after_kill":
-        b = workers.start()
+        b = workers.start(**workers_env)
         await workers.registered(side, b)
     for n in range(10, 15):  # nothing more for slow_url: only its orphaned pointers wake it
         for u in urls[1:]:
@@ -147,6 +154,9 @@ async def test_kill9_mid_handler_next_worker_finishes_exactly_once(
     pids = {row["pid"] for r in reports.values() for row in r["seen"].values()}
     assert pids == {a.pid, b.pid}, "A's committed work must survive its death"
     await until(lambda: all_owned_by(workers, side, b.id), 10, "B to own every partition")
+    if snapshot_every == 2:
+        for url in urls:
+            assert "snap_upto" in await rt.store.meta(url), f"{url} was never snapshotted"
 
 
 async def test_kill9_during_retry_backoff_keeps_attempt_count(workers, rt, side, prefix):
@@ -430,7 +440,10 @@ async def send_until_accepted(rt: Runtime, url: str, n: int, timeout: float = 15
 
 
 @pytest.mark.redis_only
-async def test_worker_survives_redis_kill9_and_restart_with_aof(private_redis, prefix, tmp_path):
+@pytest.mark.parametrize("outage_s", [0.5, 2.5], ids=["shorter-than-lease", "longer-than-lease"])
+async def test_worker_survives_redis_kill9_and_restart_with_aof(
+    private_redis, prefix, tmp_path, outage_s
+):
     workers = Workers(private_redis.url, prefix, tmp_path, APP)
     side = Redis.from_url(private_redis.url)
     rt = client(private_redis.url, prefix, crashy.registry)
@@ -446,7 +459,7 @@ async def test_worker_survives_redis_kill9_and_restart_with_aof(private_redis, p
         for n in range(20, 40):  # acknowledged (fsynced), and still being processed...
             sent[urls[n % 4]].append(await send_until_accepted(rt, urls[n % 4], n))
         private_redis.kill()  # ...when Redis dies
-        await asyncio.sleep(0.5)  # the worker meets a dead Redis for a while
+        await asyncio.sleep(outage_s)  # the worker meets a dead Redis (its leases expire)
         private_redis.start()
         for n in range(40, 60):
             sent[urls[n % 4]].append(await send_until_accepted(rt, urls[n % 4], n))
@@ -457,6 +470,56 @@ async def test_worker_survives_redis_kill9_and_restart_with_aof(private_redis, p
         late = [r["seen"][i] for u, r in reports.items() for i in sent[u][-5:]]
         assert all(row["pid"] == w.pid for row in late)
         assert w.terminate() == 0, "the worker should still stop gracefully"
+    finally:
+        workers.cleanup()
+        workers.dump_logs()
+        await rt.close()
+        await side.aclose()
+
+
+@pytest.mark.redis_only
+async def test_a_pending_timer_survives_kill9_of_the_worker_and_a_redis_restart(
+    private_redis, prefix, tmp_path
+):
+    """A timer set by a committed wake fires once, after the worker that set it was
+    killed and Redis was killed and restarted (AOF) while it was pending."""
+    workers = Workers(private_redis.url, prefix, tmp_path, APP)
+    side = Redis.from_url(private_redis.url)
+    rt = client(private_redis.url, prefix, crashy.registry)
+    await rt.start()
+    url = "/counter/timer"
+    try:
+        first = workers.start()
+        await workers.registered(side, first)
+        await rt.send(url, {"i": 0, "later": {"i": 100, "after": 2.0}})
+
+        async def timer_pending() -> bool:
+            status = await rt.status(url)
+            return status.timers == 1 and status.cursor == status.last_input
+
+        await until(timer_pending, 10, "the wake that sets the timer to commit")
+        first.kill()
+        private_redis.kill()
+        await asyncio.sleep(0.3)
+        private_redis.start()
+        await side.aclose()
+        side = Redis.from_url(private_redis.url)  # the old connections died with the server
+        second = workers.start()
+        await workers.registered(side, second)
+
+        async def fired() -> bool:
+            try:
+                status = await rt.status(url)
+            except (RedisConnectionError, OSError):  # a pooled connection from before
+                return False
+            return status.timers == 0 and status.status == "idle"
+
+        await until(fired, 20, "the timer to fire and its message to be handled")
+        report = await entity_report(rt, url)
+        assert sorted(row["i"] for row in report["seen"].values()) == [0, 100]
+        assert report["total"] == 2
+        assert all(n == 1 for n in report["inserts"].values()), report["inserts"]
+        assert [row["pid"] for row in report["seen"].values() if row["i"] == 100] == [second.pid]
     finally:
         workers.cleanup()
         workers.dump_logs()

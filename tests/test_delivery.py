@@ -16,12 +16,14 @@ from runtime import (
     Created,
     EntityFailed,
     EntityNotFoundError,
+    EventDecodeError,
     HandlerContext,
     InvalidArgsError,
     LogRecord,
     Message,
     Registry,
     Resumed,
+    StateChanged,
     UndecodableRecord,
     UnknownEntityTypeError,
 )
@@ -444,3 +446,65 @@ async def test_undecodable_entry_parks_the_entity_and_loses_nothing(cluster) -> 
     await rt.send(url, "m4")
     await rt.wait_idle(url, timeout=10)
     assert [p for c in calls if c["url"] == url for p in c["messages"]][-1] == "m4"
+
+
+async def rewrite_entry(rt: Any, url: str, target: str, data: bytes) -> None:
+    """Replace the stored bytes of log entry ``target``, keeping every id (as a newer
+    version writing an event kind this one cannot read would leave it)."""
+    key = rt.store.keys.log(url)
+    entries = await rt.store.read_log(url)
+    await rt.store.redis.delete(key)
+    for entry_id, fields in entries:
+        await rt.store.redis.xadd(
+            key, {b"e": data if entry_id == target else fields[b"e"]}, id=entry_id
+        )
+
+
+async def test_an_unreadable_state_event_before_the_cursor_parks_the_entity(cluster) -> None:
+    """Old entries are re-read by a cold worker: one it cannot decode leaves the state
+    unknown, so the entity is parked naming it, never rebuilt without it."""
+    calls: list[dict[str, Any]] = []
+    app = make_registry(calls)
+    rt = await cluster.runtime(app)
+    url = "/echo/skewed"
+    for payload in ("a", "b", "c"):
+        await rt.send(url, payload)
+        await rt.wait_idle(url, timeout=10)
+    states = [
+        r.id
+        async for r in rt.events(url)
+        if isinstance(r, LogRecord) and isinstance(r.event, StateChanged)
+    ]
+    first_state = states[0]
+    await rewrite_entry(rt, url, first_state, b"\xc1 from a newer version")
+    await rt.close()
+    cluster.runtimes.remove(rt)
+    cold = await cluster.runtime(app)  # no warm state: it folds the whole log
+    await cold.send(url, "d")
+    status = await cold.wait_idle(url, timeout=10)
+    assert status.status == "failed"
+    assert first_state in status.error and "could not be decoded" in status.error
+    assert [c["messages"] for c in calls if c["url"] == url] == [["a"], ["b"], ["c"]]
+    with pytest.raises(EventDecodeError, match=first_state):
+        await cold.state(url)
+
+
+async def test_a_dead_lettered_entry_is_skipped_by_a_cold_worker_too(cluster) -> None:
+    calls: list[dict[str, Any]] = []
+    app = make_registry(calls)
+    rt = await cluster.runtime(app)
+    url = "/echo/dead-letter"
+    await rt.send(url, "m1")
+    await rt.wait_idle(url, timeout=10)
+    garbage = (await rt.store.redis.xadd(rt.store.keys.log(url), {b"e": b"\xc1"})).decode()
+    await rt.send(url, "m2")
+    assert (await rt.wait_idle(url, timeout=10)).status == "failed"
+    await rt.resume(url, skip_failed=True)
+    assert (await rt.wait_idle(url, timeout=10)).status == "idle"
+    await rt.close()
+    cluster.runtimes.remove(rt)
+    cold = await cluster.runtime(app)
+    await cold.send(url, "m3")
+    assert (await cold.wait_idle(url, timeout=10)).status == "idle"
+    assert [row["payload"] for row in (await cold.state(url))["seen"]] == ["m1", "m2", "m3"]
+    assert garbage not in [row["key"] for row in (await cold.state(url))["seen"]]

@@ -76,6 +76,53 @@ async def test_commit_with_a_stale_token_is_fenced_and_changes_nothing(cluster, 
     assert await inbox_view(store, p) == (0, 1)
 
 
+async def test_timer_and_delete_scripts_refuse_a_stale_token(cluster):
+    """Firing or cancelling a timer and deleting an entity are fenced like commits."""
+    rt = await cluster.runtime(crashy.registry, run_worker=False)
+    store = rt.store
+    url = "/counter/fenced-timer"
+    p = store.keys.partition(url)
+    await store.ensure_group(p)
+    await rt.send(url, {"i": 1})
+    [pointer] = await store.read_inbox([p], "zombie", 10, 100)
+    old = await store.acquire(p, "zombie", 1000)
+    assert old is not None
+    meta = await store.meta(url)
+    created = meta["created"].decode()
+    timer = encode_event(StateChanged(ops=[]))
+    member = f"{url}|{created}|t1"
+    await store.commit(url, old, created=created, timers=[(member, 0, timer)])
+    assert (await store.meta(url))["timers"] == b"1"
+
+    await store.redis.pexpire(store.keys.lease(p), 1)
+
+    async def gone() -> bool:
+        return await store.lease_owner(p) is None
+
+    await until(gone, 5, "the lease to expire")
+    new = await store.acquire(p, "heir", 1000)
+    assert new is not None
+
+    timers_before = await store.redis.zrange(store.keys.timers(p), 0, -1)
+    log_before = await store.read_log(url)
+    meta_before = await store.meta(url)
+    assert await store.fire_timer(p, old, member) == -1
+    with pytest.raises(FencedError):
+        await store.cancel_timer(url, old, member)
+    with pytest.raises(FencedError):
+        await store.delete(url, old, created, [pointer.entry_id])
+    assert (
+        await store.redis.zrange(store.keys.timers(p), 0, -1) == timers_before == [member.encode()]
+    )
+    assert await store.read_log(url) == log_before
+    assert await store.meta(url) == meta_before
+    # Under the current token each goes through: the refusals were the fence.
+    assert await store.fire_timer(p, new, member) == 1
+    assert len(await store.read_log(url)) == len(log_before) + 1
+    assert await store.delete(url, new, created, [pointer.entry_id])
+    assert await store.meta(url) == {}
+
+
 def split_ids() -> tuple[str, str]:
     """Two worker ids whose rendezvous split gives each at least one of the partitions."""
     for n in itertools.count():

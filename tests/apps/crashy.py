@@ -84,6 +84,8 @@ def build_registry(side_redis: Callable[[], Redis], prefix: str) -> Registry:
                 ctx.db.actions.seen_insert(
                     row=Seen(id=record.id, i=payload.get("i"), pid=os.getpid(), starts=starts)
                 )
+                if later := payload.get("later"):  # a durable timer back to this entity
+                    await ctx.send(url, {"i": later["i"]}, after=later["after"])
                 if "total" in ctx.db.collections.counts:
                     ctx.db.actions.counts_update(
                         key="total", updater=lambda c: setattr(c, "n", c.n + 1)
