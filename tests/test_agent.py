@@ -241,6 +241,34 @@ async def test_crash_after_every_journaled_step_resumes_to_the_same_run(cluster)
         cluster.runtimes.remove(rt)
 
 
+async def test_crash_before_every_commit_resumes_to_the_same_run(cluster):
+    """Die just before each commit of the run (the commit never lands): the run resumes
+    to the same conversation, state and response as a run without the crash."""
+    reference = await cluster.runtime(adding_app(adding_model(), []))
+    assert await reference.ask("/bot/ref", "add things") == "5, 9 and 11."
+    expected = await reference.conversation("/bot/ref")
+    expected_state = await reference.state("/bot/ref")
+    await reference.close()
+    cluster.runtimes.remove(reference)
+
+    for hit in range(1, FLUSHES + 1):
+        executions: list[str] = []
+        model = adding_model()
+        url = f"/bot/before{hit}"
+        rt = await run_with_crash(
+            cluster, adding_app(model, executions), url, "flush:before-commit", hit
+        )
+        assert await rt.conversation(url) == expected, f"crash before flush {hit}"
+        # At most the one step whose commit was lost is asked again.
+        assert len(model.requests) in (3, 4), f"crash before flush {hit}: {len(model.requests)}"
+        assert sorted(set(executions)) == ["c1", "c2", "c3"], f"crash before flush {hit}"
+        assert sums(await rt.state(url)) == sums(expected_state), f"crash before flush {hit}"
+        finished = [r.event async for r in rt.events(url) if isinstance(r.event, RunFinished)]
+        assert [(f.status, f.response) for f in finished] == [("completed", "5, 9 and 11.")]
+        await rt.close()
+        cluster.runtimes.remove(rt)
+
+
 async def test_crash_before_a_step_is_journaled_calls_the_model_again_for_that_step(cluster):
     model = adding_model()
     # The second flush commits step 1: die just before it.
