@@ -116,6 +116,7 @@ async function loadTypes() {
 async function openEntity(type, id) {
   const url = `/${type}/${id}`;
   closeStream();
+  clearTimeout(app.refreshTimer); // a refresh of the entity open before must not draw here
   const generation = ++app.generation;
   Object.assign(app, { url, runText: false, sent: loadSent(url) });
   for (const collection of [app.stepBubbles, app.toolCards, app.answering, app.runSources]) {
@@ -148,7 +149,9 @@ async function openEntity(type, id) {
 }
 
 function openFailed(generation, error) {
-  if (generation === app.generation) showError(error);
+  if (generation !== app.generation) return;
+  app.url = null; // nothing is open: no panel refresh may run for it
+  showError(error);
 }
 
 function setComposer(enabled) {
