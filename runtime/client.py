@@ -496,6 +496,15 @@ class Runtime:
         last = await self._store.redis.xrevrange(key, count=1)
         return last[0][0].decode() if last else ZERO
 
+    async def log_position(self, url: str, *, back: int) -> str | None:
+        """The id to pass as ``after`` to read only the last ``back`` entries of the log
+        (None when the log has no more than that)."""
+        parse_url(url)
+        if back < 1:
+            raise WakefulError(f"back must be at least 1, got {back}")
+        newest = await self._store.redis.xrevrange(self._store.keys.log(url), count=back + 1)
+        return newest[-1][0].decode() if len(newest) > back else None
+
     async def live_position(self, url: str) -> str:
         """The id of the newest live event of ``url``: pass it as ``live_after`` to follow
         only the live output that comes after this moment (take it before sending)."""

@@ -14,8 +14,8 @@ status code below):
     GET  /entities/{type}/{id}                      status
     GET  /entities/{type}/{id}/state                committed collections
     GET  /entities/{type}/{id}/children             spawned children and their last run
-    GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0);
-                                                    resumable with Last-Event-ID
+    GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0,
+                                                    ?tail=N); resumable with Last-Event-ID
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
     POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
@@ -72,6 +72,7 @@ from .urls import ID_MAX, ID_PATTERN, TYPE_MAX, TYPE_PATTERN, entity_url
 CONSOLE_DIR = Path(__file__).parent / "console"
 log = logging.getLogger("wakeful.gateway")
 LIST_LIMIT = 1000  # urls per page of GET /entities/{type}; ?after=<last url> for the next
+TAIL_LIMIT = 100_000  # most entries ?tail= may ask for
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -327,6 +328,11 @@ def create_app(
         after, live_after = _resume(
             request.headers.get("last-event-id") or request.query_params.get("after")
         )
+        tail = request.query_params.get("tail")
+        if tail is not None and after is None:  # a first look: only the latest entries
+            if not tail.isdigit() or not 1 <= int(tail) <= TAIL_LIMIT:
+                raise HTTPError(400, "BadQuery", f"tail must be between 1 and {TAIL_LIMIT}")
+            after = await runtime.log_position(url, back=int(tail))
         stream = _sse(runtime, url, after, live_after, live=live, follow=follow)
         return StreamingResponse(stream, media_type="text/event-stream")
 
@@ -535,6 +541,12 @@ OPENAPI: dict[str, Any] = {
                 params=[
                     {"name": "live", "in": "query", "schema": {"type": "boolean"}},
                     {"name": "follow", "in": "query", "schema": {"type": "boolean"}},
+                    {
+                        "name": "tail",
+                        "in": "query",
+                        "description": "without Last-Event-ID: start with the last N entries",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": TAIL_LIMIT},
+                    },
                     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
                 ],
             )

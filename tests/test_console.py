@@ -269,3 +269,20 @@ async def test_switching_entities_shows_only_the_open_one(gateway, page):
     text = await page.locator("#messages").inner_text()
     assert "amber" not in text
     assert await page.locator(".bubble.user", has_text="what is my color?").count() == 1
+
+
+async def test_a_long_history_opens_at_its_end(gateway, page):
+    """Opening draws only the latest events, and offers the rest."""
+    base, rt = gateway
+    await rt.ask("/assistant/long", "remember that my color is teal")
+    for n in range(3):
+        await rt.ask("/assistant/long", f"calculate {n} + 1")
+    await page.goto(f"{base}/console/?history=6#/assistant/long")
+    await page.wait_for_selector("#entity-title[data-connection=live]")
+    await page.locator(".bubble.agent", has_text="2 + 1 = 3").wait_for()
+    earlier = page.locator("#earlier a", has_text="show the whole history")
+    await earlier.wait_for()
+    assert await page.locator(".bubble.user", has_text="remember that my color").count() == 0
+    await earlier.click()
+    await page.locator(".bubble.user", has_text="remember that my color is teal").wait_for()
+    assert await page.locator("#earlier").count() == 0

@@ -113,6 +113,13 @@ async def test_send_status_state_events_and_resume(cluster):
         events = sse_events(stream.text)
         kinds = [kind for _, kind, _ in events]
         assert kinds[:2] == ["created", "msg"] and "run_finished" in kinds
+        # A first look at the last two entries only; a bad tail is refused.
+        tail = await http.get("/entities/echo/e1/events?follow=0&tail=2", headers=ALICE)
+        assert sse_events(tail.text) == events[-2:]
+        everything = await http.get("/entities/echo/e1/events?follow=0&tail=999", headers=ALICE)
+        assert sse_events(everything.text) == events
+        bad_tail = await http.get("/entities/echo/e1/events?tail=0", headers=ALICE)
+        assert bad_tail.status_code == 400 and "tail" in bad_tail.text
         # Resume after the second event: only what came later.
         cursor = events[1][0]
         resumed = await http.get(

@@ -27,6 +27,8 @@ const CLIENT_TOOLS = [
 ];
 
 const $ = (selector) => document.querySelector(selector);
+// Log entries drawn when an entity is opened (the rest on request); ?history=N sets it.
+const HISTORY = Number(new URLSearchParams(location.search).get("history")) || 400;
 
 const app = {
   url: null, // "/type/id" of the open entity
@@ -113,7 +115,7 @@ async function loadTypes() {
   }
 }
 
-async function openEntity(type, id) {
+async function openEntity(type, id, { full = false } = {}) {
   const url = `/${type}/${id}`;
   closeStream();
   clearTimeout(app.refreshTimer); // a refresh of the entity open before must not draw here
@@ -143,7 +145,7 @@ async function openEntity(type, id) {
   showError(null);
   setComposer(true);
   $("#input").focus();
-  follow(url, generation);
+  follow(url, generation, full);
   refreshPanels();
   refreshEntities();
 }
@@ -187,18 +189,20 @@ function closeStream() {
 
 // -- the event stream ------------------------------------------------------------
 
-async function follow(url, generation) {
+async function follow(url, generation, full) {
   closeStream();
   const controller = new AbortController();
   app.stream = controller;
   let lastEventId = null; // "<log id>|<live id>": where to resume
+  let first = true; // the first durable event tells whether the history was cut
   let delay = 250;
   while (!controller.signal.aborted && generation === app.generation) {
     let reader = null;
     try {
       const headers = requestHeaders({ accept: "text/event-stream" });
       if (lastEventId) headers["last-event-id"] = lastEventId;
-      const response = await fetch(entityPath(url, "/events?live=1"), {
+      const query = lastEventId || full ? "live=1" : `live=1&tail=${HISTORY}`;
+      const response = await fetch(entityPath(url, `/events?${query}`), {
         headers,
         signal: controller.signal,
       });
@@ -219,6 +223,10 @@ async function follow(url, generation) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
           if (app.stream !== controller) return;
+          if (first && !block.includes("event: live")) {
+            first = false;
+            if (!full && !block.includes("event: created")) earlierHistoryNote(url);
+          }
           lastEventId = handleBlock(block) || lastEventId;
         }
       }
@@ -237,6 +245,20 @@ async function follow(url, generation) {
     await sleep(delay);
     delay = Math.min(delay * 2, 5000);
   }
+}
+
+function earlierHistoryNote(url) {
+  const note = document.createElement("div");
+  note.className = "note";
+  note.id = "earlier";
+  const link = document.createElement("a");
+  link.textContent = "show the whole history";
+  link.addEventListener("click", () => {
+    const [, type, id] = url.split("/");
+    openEntity(type, id, { full: true });
+  });
+  note.append(`Only the latest ${HISTORY} events are shown; `, link);
+  $("#messages").prepend(note);
 }
 
 function setConnection(state) {
