@@ -27,6 +27,7 @@ from .events import (
 )
 from .state import ChildInfo, Database
 from .status import EntityStatus, Schedule
+from .streamids import id_gt
 from .urls import entity_url, parse_url
 
 if TYPE_CHECKING:
@@ -97,16 +98,30 @@ class CancelSignal:
 class WakeInfo:
     """Why the handler runs: the input events after the entity's cursor, in log order.
 
-    ``resumed`` is true when an earlier attempt at these same inputs got past a
-    commit point (``ctx.flush()``, an agent step) before it crashed or failed:
-    what it wrote up to there is durable and is in ``ctx.db`` now, and the
-    handler runs again from the top. Work before a commit point must therefore
-    be safe to do again, or be skipped when ``resumed`` (the agent loop resumes
+    A retried wake can follow an attempt that got past a commit point
+    (``ctx.flush()``, an agent step) before it crashed or failed: what that
+    attempt wrote up to there is durable and is in ``ctx.db`` now, and the
+    handler runs again from the top. ``resumed_upto`` is then the last input
+    that attempt had (inputs after it arrived since), and ``attempted(record)``
+    tells whether an input was among them: work done for such an input before a
+    commit point must be safe to redo, or be skipped (the agent loop resumes
     from its journal this way).
     """
 
     events: list[LogRecord]
-    resumed: bool = False
+    resumed_upto: str | None = None
+
+    @property
+    def resumed(self) -> bool:
+        """An earlier attempt at (some of) these inputs got past a commit point."""
+        return self.resumed_upto is not None
+
+    def attempted(self, record: LogRecord | str) -> bool:
+        """Whether an earlier attempt that got past a commit point had this input."""
+        if self.resumed_upto is None:
+            return False
+        record_id = record if isinstance(record, str) else record.id
+        return not id_gt(record_id, self.resumed_upto)
 
     @property
     def id(self) -> str:

@@ -61,6 +61,21 @@ class EventDecodeError(WakefulError):
         super().__init__(f"event {stream_id} of {url} could not be decoded: {reason}")
 
 
+class UnreadableHistoryError(EventDecodeError):
+    """Entries at or before the cursor cannot be decoded, and no operator dead-lettered
+    them: the state they are part of is unknown."""
+
+    def __init__(self, errors: list[EventDecodeError]) -> None:
+        self.errors = errors
+        self.stream_ids = [e.stream_id for e in errors]
+        first = errors[0]
+        super().__init__(first.stream_id, first.url, first.reason)
+        more = (
+            f" (and {len(errors) - 1} more: {', '.join(self.stream_ids[1:])})" if errors[1:] else ""
+        )
+        self.args = (f"{first}{more}",)
+
+
 class CollectionError(WakefulError):
     """Base class for collection errors (schema, keys, unknown collection)."""
 

@@ -48,6 +48,7 @@ from .errors import (
     EventDecodeError,
     FencedError,
     UnknownEntityTypeError,
+    UnreadableHistoryError,
 )
 from .events import (
     CancelRequested,
@@ -466,23 +467,28 @@ class Worker:
                 url, token, entries, created, str(exc), [], int(meta.get("attempts", 0))
             )
             return
+        out_done = _text(meta, "out_done") or ZERO
+        if id_gt(_text(meta, "out_last") or ZERO, out_done):
+            await self.delivery.pending(url, token, created, out_done)
+        parked = meta.get("status") == b"failed"
         try:
             state, records, inputs, undecodable = self._rebuild(
                 url, entity_type, cached, loaded, cursor
             )
-        except EventDecodeError as exc:  # a state event that cannot be read: state is unknown
-            await self._park(url, token, entries, created, str(exc), [exc.stream_id], 0)
+        except UnreadableHistoryError as exc:  # the state is unknown: park (once)
+            self._cache.pop(url, None)
+            if parked:
+                await self.store.commit(url, token, acks=entries, created=created)
+                self._untrack(partition, entries)
+            else:
+                await self._park(url, token, entries, created, str(exc), exc.stream_ids, 0)
             return
         pos = records[-1].id if records else (cached.pos if cached else ZERO)
         since = (cached.since_snapshot if cached else 0) + len(loaded.entries)
 
-        out_done = _text(meta, "out_done") or ZERO
-        if id_gt(_text(meta, "out_last") or ZERO, out_done):
-            await self.delivery.pending(url, token, created, out_done)
-
-        if meta.get("status") == b"failed" or not (inputs or undecodable):
+        if parked or not (inputs or undecodable):
             # Parked, or every input was already handled by an earlier wake.
-            if meta.get("status") == b"failed":
+            if parked:
                 # Not cached: the warm position would pass the unhandled inputs, and the
                 # wake after a resume must read them again.
                 self._cache.pop(url, None)
@@ -492,6 +498,25 @@ class Worker:
             self._untrack(partition, entries)
             return
         if undecodable:
+            first_bad = undecodable[0].stream_id
+            readable = [r for r in inputs if id_gt(first_bad, r.id)]
+            if readable and not any(isinstance(r.event, DeleteRequested) for r in readable):
+                # Handle the inputs before the unreadable entry first (the next wake parks
+                # on it), so that skipping it later skips nothing else. The state was folded
+                # past them: not cached.
+                await self._wake(
+                    runner,
+                    entity_type,
+                    token,
+                    entries,
+                    meta,
+                    state,
+                    readable,
+                    pos,
+                    since,
+                    remember=False,
+                )
+                return
             error = "; ".join(str(e) for e in undecodable)
             await self._park(
                 url, token, entries, created, error, [e.stream_id for e in undecodable], 0
@@ -565,7 +590,11 @@ class Worker:
         inputs: list[LogRecord],
         pos: str,
         since: int,
+        *,
+        remember: bool = True,
     ) -> None:
+        """Run the handler on ``inputs`` and commit. ``remember=False`` when the state was
+        folded past inputs this wake leaves for the next one: it must not be cached."""
         url, partition = runner.url, runner.partition
         created = _text(meta, "created")
         attempts = int(meta.get("attempts", 0))
@@ -578,10 +607,12 @@ class Worker:
             act.cancel_effects(cancel.reason)
 
         # A commit point inside the wake leaves the cursor where it is: mark the inputs
-        # as partly handled, so that a retried wake knows (ctx.wake.resumed).
-        first_input = inputs[0].id
-        partial = _text(meta, "partial")  # the first input of an attempt that flushed
-        resumed = partial == first_input
+        # as partly handled ("<first> <last>" input of the attempt), so that a retried
+        # wake knows which of its inputs an earlier attempt had (ctx.wake.resumed_upto).
+        first_input, last_input = inputs[0].id, inputs[-1].id
+        partial = _text(meta, "partial")
+        attempted_first, _, attempted_last = partial.partition(" ")
+        resumed_upto = attempted_last if attempted_first == first_input else None
         flushed = False
 
         async def flush() -> None:
@@ -594,7 +625,7 @@ class Worker:
                     url,
                     token,
                     events=batch.events,
-                    fields={"partial": first_input},
+                    fields={"partial": f"{first_input} {resumed_upto or last_input}"},
                     created=created,
                     timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
                     actions=batch.actions,
@@ -613,7 +644,7 @@ class Worker:
             entity_type=parsed.type,
             entity_id=parsed.id,
             args=entity_type.typed_args(unpack(raw_args) if raw_args else None),
-            wake=WakeInfo(inputs, resumed=resumed),
+            wake=WakeInfo(inputs, resumed_upto=resumed_upto),
             first_wake=_text(meta, "cursor") == ZERO,
             db=act.db,
             signal=signal,
@@ -672,7 +703,10 @@ class Worker:
         )
         _note_applied(state, batch.events, ids)
         self._fault("wake:after-commit")
-        self._remember(url, state, pos, created, since)
+        if remember:
+            self._remember(url, state, pos, created, since)
+        else:
+            self._cache.pop(url, None)
         self._untrack(partition, entries)
         await self.delivery.after_commit(url, token, created, batch, ids)
 
@@ -896,10 +930,12 @@ def check_skipped(undecodable: list[EventDecodeError], records: list[LogRecord])
     if not undecodable:
         return
     skipped = {i for r in records if isinstance(r.event, Resumed) for i in r.event.skipped}
+    unexpected = [exc for exc in undecodable if exc.stream_id not in skipped]
     for exc in undecodable:
-        if exc.stream_id not in skipped:
-            raise exc
-        log.info("skipping dead-lettered undecodable event %s of %s", exc.stream_id, exc.url)
+        if exc.stream_id in skipped:
+            log.info("skipping dead-lettered undecodable event %s of %s", exc.stream_id, exc.url)
+    if unexpected:
+        raise UnreadableHistoryError(unexpected)
 
 
 def _text(meta: dict[str, bytes], field: str) -> str:

@@ -24,13 +24,16 @@ async def crash_and_recover(
     timeout: float = 30,
     setup: Callable[[Runtime], Awaitable[Any]] | None = None,
     trigger: Callable[[Runtime], Awaitable[Any]] | None = None,
+    before_restart: Callable[[Runtime], Awaitable[Any]] | None = None,
 ) -> Runtime:
     """Send ``message`` to ``url`` on a worker that is killed (no cleanup, leases kept
     until they expire) at the ``hit``-th time it reaches ``point``; then start a
     fresh worker, wait until ``url`` is idle again, and return that runtime.
 
     ``setup`` runs on the first worker before the fault is armed; ``trigger``, if
-    given, replaces sending ``message`` as what leads to the crash point."""
+    given, replaces sending ``message`` as what leads to the crash point;
+    ``before_restart`` runs on the dead worker's runtime (as a client) before the
+    fresh worker starts."""
     first = await cluster.runtime(registry, lease_ttl_ms=400)
     if setup is not None:
         await setup(first)
@@ -53,6 +56,8 @@ async def crash_and_recover(
     else:
         await first.send(url, message)
     await asyncio.wait_for(crashed.wait(), 15)  # the crash point must really be reached
+    if before_restart is not None:
+        await before_restart(first)
     await first.close()
     cluster.runtimes.remove(first)
     second = await cluster.runtime(registry, lease_ttl_ms=400)

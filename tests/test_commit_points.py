@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime import Collection, HandlerContext, Registry
+from runtime import Collection, HandlerContext, Message, Registry
 from tests.faults import crash_and_recover
 
 pytestmark = pytest.mark.anyio
@@ -24,13 +24,16 @@ class Count(msgspec.Struct):
 
 
 def tally_app(*, careful: bool, fail_after_flush: list[int], seen: list[bool]) -> Registry:
-    """+1 per message, then a commit point; ``careful`` skips the +1 when resumed."""
+    """+1 per message, then a commit point; ``careful`` skips the +1 for a message an
+    earlier attempt had already counted (``ctx.wake.attempted``)."""
     reg = Registry()
 
     @reg.entity("tally", state={"counts": Collection(primary_key="key", row=Count)})
     async def tally(ctx: HandlerContext) -> None:
         seen.append(ctx.wake.resumed)
-        if not (careful and ctx.wake.resumed):
+        for record in (r for r in ctx.wake.events if isinstance(r.event, Message)):
+            if careful and ctx.wake.attempted(record):
+                continue
             counts = ctx.db.collections.counts
             if "total" in counts:
                 ctx.db.actions.counts_update(
@@ -81,3 +84,21 @@ async def test_a_handler_error_after_a_flush_retries_as_resumed(cluster):
     status = await rt.wait_idle("/tally/f")
     assert status.status == "idle" and seen == [False, True]
     assert await total(rt, "/tally/f") == 1
+
+
+async def test_inputs_that_arrive_between_attempts_are_not_taken_for_attempted(cluster):
+    """The retry also takes what arrived after the crash: only the attempted inputs are
+    marked, so a careful handler skips those and counts the new one."""
+    seen: list[bool] = []
+    app = tally_app(careful=True, fail_after_flush=[], seen=seen)
+    rt = await crash_and_recover(
+        cluster,
+        app,
+        "/tally/m",
+        "one",
+        "flush:after-commit",
+        1,
+        before_restart=lambda first: first.send("/tally/m", "two"),
+    )
+    assert seen == [False, True]
+    assert await total(rt, "/tally/m") == 2

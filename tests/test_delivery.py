@@ -508,3 +508,51 @@ async def test_a_dead_lettered_entry_is_skipped_by_a_cold_worker_too(cluster) ->
     assert (await cold.wait_idle(url, timeout=10)).status == "idle"
     assert [row["payload"] for row in (await cold.state(url))["seen"]] == ["m1", "m2", "m3"]
     assert garbage not in [row["key"] for row in (await cold.state(url))["seen"]]
+
+
+async def test_inputs_before_an_unreadable_entry_are_handled_before_it_parks(cluster) -> None:
+    """Skipping the unreadable entry later must skip nothing else: the readable inputs
+    that came before it are handled first, then the entity parks on it."""
+    calls: list[dict[str, Any]] = []
+    app = make_registry(calls)
+    client = await cluster.runtime(app, run_worker=False)
+    url = "/echo/mixed"
+    await client.send(url, "A")
+    garbage = (await client.store.redis.xadd(client.store.keys.log(url), {b"e": b"\xc1"})).decode()
+    await client.send(url, "B")
+    worker = await cluster.runtime(app)
+    status = await worker.wait_idle(url, timeout=10)
+    assert status.status == "failed" and garbage in status.error
+    assert [c["messages"] for c in calls if c["url"] == url] == [["A"]]
+    await worker.resume(url, skip_failed=True)
+    assert (await worker.wait_idle(url, timeout=10)).status == "idle"
+    assert [p for c in calls if c["url"] == url for p in c["messages"]] == ["A", "B"]
+    resumed = [e for e in await log_events(worker, url) if isinstance(e, Resumed)]
+    assert resumed == [Resumed(skipped=[garbage])]
+
+
+async def test_unreadable_history_parks_once_naming_every_entry(cluster) -> None:
+    calls: list[dict[str, Any]] = []
+    app = make_registry(calls)
+    rt = await cluster.runtime(app)
+    url = "/echo/two-bad"
+    for payload in ("a", "b", "c"):
+        await rt.send(url, payload)
+        await rt.wait_idle(url, timeout=10)
+    states = [
+        r.id
+        async for r in rt.events(url)
+        if isinstance(r, LogRecord) and isinstance(r.event, StateChanged)
+    ]
+    await rewrite_entry(rt, url, states[0], b"\xc1")
+    await rewrite_entry(rt, url, states[1], b"\xc1")
+    await rt.close()
+    cluster.runtimes.remove(rt)
+    cold = await cluster.runtime(app)
+    for payload in ("d", "e"):  # the second message meets an entity parked already
+        await cold.send(url, payload)
+        status = await cold.wait_idle(url, timeout=10)
+    assert status.status == "failed"
+    assert states[0] in status.error and states[1] in status.error
+    failed = [e for e in await log_events(cold, url) if isinstance(e, EntityFailed)]
+    assert len(failed) == 1 and failed[0].inputs == states[:2]
