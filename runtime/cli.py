@@ -26,7 +26,9 @@ import dataclasses
 import gc
 import importlib
 import logging
+import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -56,10 +58,14 @@ SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here c
 TIMED_OUT = 5  # ask: not idle within --timeout
 UNREACHABLE = 6  # Redis did not answer
 INTERRUPTED = 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
 def load_registry(spec: str) -> Registry:
-    """Import ``module:attribute`` (attribute defaults to ``registry``)."""
+    """Import ``module:attribute`` (attribute defaults to ``registry``), looking in the
+    current directory first, as ``python -m`` and uvicorn do."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -631,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")
     p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
-    p = command("manifest", "print the registry's manifest (JSON)", redis=False, json=False)
+    p = command("manifest", "print the registry's manifest (always JSON)", redis=False)
     p.add_argument("app")
     return parser
 
@@ -673,8 +679,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ERROR
     except KeyboardInterrupt:
         if args.command == "tail" and args.after:
-            err.print(f"resume with: wakeful tail {args.url} -f --after {args.after}")
+            err.print(f"resume with: {_resume_command(argv, args.after)}", markup=False)
         return INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`wakeful tail ... | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
+
+
+def _resume_command(argv: Sequence[str] | None, after: str) -> str:
+    """The same ``wakeful tail`` command line, continuing after ``after``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--after" in words:
+        at = words.index("--after")
+        del words[at : at + 2]
+    words = [w for w in words if not w.startswith("--after=")]
+    return shlex.join(["wakeful", *words, "--after", after])
 
 
 if __name__ == "__main__":

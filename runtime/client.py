@@ -211,12 +211,16 @@ class Runtime:
         initial_message: Any = None,
         parent: str | None = None,
         idempotency_key: str | None = None,
+        identity: dict[str, str] | None = None,
+        client_data: Any = None,
     ) -> str:
         """Create an entity with ``args`` (get-or-create) and optionally send it a message.
 
         If the entity exists with the same args, ``initial_message`` is delivered
         to it (use ``idempotency_key`` to make a retried call send it once); with
         different args it raises :class:`ArgsConflictError` and sends nothing.
+        ``identity`` (trusted) and ``client_data`` (untrusted) travel with the
+        initial message, as with :meth:`send`.
         """
         url = entity_url(type_name, entity_id)
         await self._check_type(type_name)
@@ -228,7 +232,13 @@ class Runtime:
         message = None
         if initial_message is not None:
             message = encode_event(
-                Message(payload=initial_message, sender=parent),
+                Message(
+                    payload=initial_message,
+                    sender=parent,
+                    identity=identity,
+                    client_data=client_data,
+                    idempotency_key=idempotency_key,
+                ),
                 limit=limit,
                 what=f"initial message to {url}",
             )

@@ -207,7 +207,7 @@ def create_app(
 
     @endpoint
     async def create(request: Request) -> Response:
-        url, _ = await entity(request, "write")
+        url, identity = await entity(request, "write")
         data = await body(request)
         await runtime.create(
             request.path_params["type"],
@@ -215,6 +215,8 @@ def create_app(
             data.get("args"),
             initial_message=data.get("message"),
             idempotency_key=request.headers.get("idempotency-key"),
+            identity=identity,
+            client_data=data.get("client_data"),
         )
         return JSONResponse({"url": url}, status_code=201)
 

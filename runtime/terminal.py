@@ -36,6 +36,15 @@ out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
+def _reader_went_away() -> None:
+    """Rich exits with status 1 when stdout's reader closes the pipe; let the CLI
+    handle it like a plain ``print`` (quietly, exit 141)."""
+    raise BrokenPipeError
+
+
+out.on_broken_pipe = _reader_went_away  # type: ignore[method-assign]
+
+
 def plain(value: Any) -> Any:
     """Events and structs as JSON-ready data (stored state rows are decoded)."""
     return msgspec.to_builtins(value, enc_hook=_raw_rows)

@@ -405,3 +405,46 @@ async def test_tail_follows_live_output(worker, server_url, prefix):
     live = [r["live"] for r in records if "live" in r]
     assert any(e["kind"] == "text" and "4" in e["data"] for e in live)
     assert any(e["kind"] == "text" and e.get("step") for e in live)
+
+
+async def test_a_closed_pipe_ends_tail_quietly(worker, server_url, prefix):
+    for n in range(40):
+        await worker.send("/notes/pipe", f"add item {n}")
+    await worker.wait_idle("/notes/pipe")
+    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "tail", "/notes/pipe", "--redis", server_url],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()  # like `wakeful tail URL | head -1`
+    proc.stdout.close()
+    code = await asyncio.to_thread(proc.wait, 30)
+    stderr = proc.stderr.read().decode()
+    assert b"created" in first
+    assert code == 141 and "Traceback" not in stderr, stderr
+
+
+def test_an_app_in_the_current_directory_is_found(tmp_path):
+    (tmp_path / "myapp.py").write_text(
+        "from runtime import Registry\n"
+        "registry = Registry()\n\n"
+        "@registry.entity('greeter')\n"
+        "async def greeter(ctx):\n"
+        "    pass\n"
+    )
+    # The console script, not `python -m` (which puts the current directory on the path).
+    script = Path(sys.executable).parent / "wakeful"
+    result = subprocess.run(
+        [str(script), "manifest", "myapp", "--json"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [t["name"] for t in json.loads(result.stdout)["types"]] == ["greeter"]

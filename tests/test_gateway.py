@@ -288,3 +288,25 @@ async def test_listing_children_and_console(cluster):
         assert page.status_code == 200 and "console.js" in page.text
         script = await http.get("/console/console.js")
         assert "getSelectedText" in script.text
+
+
+async def test_a_run_started_by_create_belongs_to_its_caller(cluster):
+    """The initial message of a create carries the caller's identity like a send, so
+    only that caller may answer the run's pending actions."""
+    http, rt = await client_for(cluster)
+    async with http:
+        created = await http.post(
+            "/entities/page/p2",
+            json={"message": "read it", "client_data": {"tab": 1}},
+            headers=ALICE,
+        )
+        assert created.status_code == 201
+        await rt.wait_idle("/page/p2")
+        [action] = (await http.get("/entities/page/p2/actions", headers=ALICE)).json()
+        assert action["authorized"] == {"user": "alice"}
+        by_bob = await http.post(
+            f"/entities/page/p2/actions/{action['tool_call_id']}/submit",
+            json={"output": {"text": "x"}},
+            headers=BOB,
+        )
+        assert by_bob.status_code == 403
