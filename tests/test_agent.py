@@ -212,38 +212,12 @@ async def run_with_crash(cluster, reg: Registry, url: str, point: str, hit: int)
 FLUSHES = 9
 
 
-async def test_crash_after_every_journaled_step_resumes_to_the_same_run(cluster):
-    reference_model = adding_model()
-    reference = await cluster.runtime(adding_app(reference_model, []))
-    assert await reference.ask("/bot/ref", "add things") == "5, 9 and 11."
-    expected = await reference.conversation("/bot/ref")
-    expected_state = await reference.state("/bot/ref")
-    await reference.close()
-    cluster.runtimes.remove(reference)
-
-    for hit in range(1, FLUSHES + 1):
-        executions: list[str] = []
-        model = adding_model()
-        url = f"/bot/crash{hit}"
-        rt = await run_with_crash(
-            cluster, adding_app(model, executions), url, "flush:after-commit", hit
-        )
-        assert await rt.conversation(url) == expected, f"crash after flush {hit}"
-        assert len(model.requests) == 3, f"crash after flush {hit}: a journaled step was re-sent"
-        # No call ran twice: every crash point is after a commit, so no call was in doubt
-        # except while the parallel calls of step 1 were between their intent and result.
-        assert sorted(set(executions)) == ["c1", "c2", "c3"], f"crash after flush {hit}"
-        assert len(executions) <= 4, f"crash after flush {hit}: {executions}"
-        assert sums(await rt.state(url)) == sums(expected_state), f"crash after flush {hit}"
-        finished = [r.event async for r in rt.events(url) if isinstance(r.event, RunFinished)]
-        assert [(f.status, f.response) for f in finished] == [("completed", "5, 9 and 11.")]
-        await rt.close()
-        cluster.runtimes.remove(rt)
-
-
-async def test_crash_before_every_commit_resumes_to_the_same_run(cluster):
-    """Die just before each commit of the run (the commit never lands): the run resumes
-    to the same conversation, state and response as a run without the crash."""
+async def crash_at_every_flush(
+    cluster: Any, point: str, check: Callable[[int, ScriptedModel, list[str]], None]
+) -> None:
+    """Run the adding app once without a fault, then once per flush of the run with a
+    crash at ``point`` of that flush; every run must end with the same conversation,
+    state and response. ``check(hit, model, executions)`` adds the point's own checks."""
     reference = await cluster.runtime(adding_app(adding_model(), []))
     assert await reference.ask("/bot/ref", "add things") == "5, 9 and 11."
     expected = await reference.conversation("/bot/ref")
@@ -254,19 +228,37 @@ async def test_crash_before_every_commit_resumes_to_the_same_run(cluster):
     for hit in range(1, FLUSHES + 1):
         executions: list[str] = []
         model = adding_model()
-        url = f"/bot/before{hit}"
-        rt = await run_with_crash(
-            cluster, adding_app(model, executions), url, "flush:before-commit", hit
-        )
-        assert await rt.conversation(url) == expected, f"crash before flush {hit}"
-        # At most the one step whose commit was lost is asked again.
-        assert len(model.requests) in (3, 4), f"crash before flush {hit}: {len(model.requests)}"
-        assert sorted(set(executions)) == ["c1", "c2", "c3"], f"crash before flush {hit}"
-        assert sums(await rt.state(url)) == sums(expected_state), f"crash before flush {hit}"
+        url = f"/bot/{point.replace(':', '-')}-{hit}"
+        rt = await run_with_crash(cluster, adding_app(model, executions), url, point, hit)
+        assert await rt.conversation(url) == expected, f"crash at {point} {hit}"
+        check(hit, model, executions)
+        assert sorted(set(executions)) == ["c1", "c2", "c3"], f"crash at {point} {hit}"
+        assert sums(await rt.state(url)) == sums(expected_state), f"crash at {point} {hit}"
         finished = [r.event async for r in rt.events(url) if isinstance(r.event, RunFinished)]
         assert [(f.status, f.response) for f in finished] == [("completed", "5, 9 and 11.")]
         await rt.close()
         cluster.runtimes.remove(rt)
+
+
+async def test_crash_after_every_journaled_step_resumes_to_the_same_run(cluster):
+    def check(hit: int, model: ScriptedModel, executions: list[str]) -> None:
+        assert len(model.requests) == 3, f"crash after flush {hit}: a journaled step was re-sent"
+        # No call ran twice: every crash point is after a commit, so no call was in doubt
+        # except while the parallel calls of step 1 were between their intent and result.
+        assert len(executions) <= 4, f"crash after flush {hit}: {executions}"
+
+    await crash_at_every_flush(cluster, "flush:after-commit", check)
+
+
+async def test_crash_before_every_commit_resumes_to_the_same_run(cluster):
+    """Die just before each commit of the run (the commit never lands): the run resumes
+    to the same conversation, state and response as a run without the crash."""
+
+    def check(hit: int, model: ScriptedModel, executions: list[str]) -> None:
+        # At most the one step whose commit was lost is asked again.
+        assert len(model.requests) in (3, 4), f"crash before flush {hit}: {len(model.requests)}"
+
+    await crash_at_every_flush(cluster, "flush:before-commit", check)
 
 
 async def test_crash_before_a_step_is_journaled_calls_the_model_again_for_that_step(cluster):

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def cli_env(prefix: str, **extra: str) -> dict[str, str]:
+    """The environment of a CLI subprocess on the test's keyspace."""
+    return {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", **extra}
+
+
 def wakeful(server_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+    env = cli_env(prefix)
     return subprocess.run(
         [sys.executable, "-m", "runtime.cli", *args, "--redis", server_url],
         cwd=ROOT,
@@ -318,7 +323,7 @@ def _interact(
 
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):
     await worker.ask("/assistant/i1", "remember that my city is Lyon")
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i1", "forget my city"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "approve", "y\n"
@@ -332,7 +337,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     import signal
 
     await worker.ask("/assistant/i2", "remember that my city is Lyon")
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i2", "forget my city"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "approve", signal.SIGINT
@@ -344,7 +349,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
 
 
 async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4", "TERM": "xterm"}
+    env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i3", "calculate 6 * 7"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "never shown", ""
@@ -362,7 +367,7 @@ async def test_bad_arguments_are_named(worker, server_url, prefix):
 
 
 async def test_tail_follows_live_output(worker, server_url, prefix):
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+    env = cli_env(prefix)
     await worker.ask("/assistant/l1", "hello")
     proc = subprocess.Popen(
         [
@@ -411,7 +416,7 @@ async def test_a_closed_pipe_ends_tail_quietly(worker, server_url, prefix):
     for n in range(40):
         await worker.send("/notes/pipe", f"add item {n}")
     await worker.wait_idle("/notes/pipe")
-    env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+    env = cli_env(prefix)
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "tail", "/notes/pipe", "--redis", server_url],
         cwd=ROOT,

@@ -460,6 +460,18 @@ async def rewrite_entry(rt: Any, url: str, target: str, data: bytes) -> None:
         )
 
 
+async def handled_with_state_events(rt: Any, url: str) -> list[str]:
+    """Have ``url`` handle three messages, one at a time; the ids of its state events."""
+    for payload in ("a", "b", "c"):
+        await rt.send(url, payload)
+        await rt.wait_idle(url, timeout=10)
+    return [
+        r.id
+        async for r in rt.events(url)
+        if isinstance(r, LogRecord) and isinstance(r.event, StateChanged)
+    ]
+
+
 async def test_an_unreadable_state_event_before_the_cursor_parks_the_entity(cluster) -> None:
     """Old entries are re-read by a cold worker: one it cannot decode leaves the state
     unknown, so the entity is parked naming it, never rebuilt without it."""
@@ -467,15 +479,7 @@ async def test_an_unreadable_state_event_before_the_cursor_parks_the_entity(clus
     app = make_registry(calls)
     rt = await cluster.runtime(app)
     url = "/echo/skewed"
-    for payload in ("a", "b", "c"):
-        await rt.send(url, payload)
-        await rt.wait_idle(url, timeout=10)
-    states = [
-        r.id
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, StateChanged)
-    ]
-    first_state = states[0]
+    first_state = (await handled_with_state_events(rt, url))[0]
     await rewrite_entry(rt, url, first_state, b"\xc1 from a newer version")
     await rt.close()
     cluster.runtimes.remove(rt)
@@ -536,14 +540,7 @@ async def test_unreadable_history_parks_once_naming_every_entry(cluster) -> None
     app = make_registry(calls)
     rt = await cluster.runtime(app)
     url = "/echo/two-bad"
-    for payload in ("a", "b", "c"):
-        await rt.send(url, payload)
-        await rt.wait_idle(url, timeout=10)
-    states = [
-        r.id
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, StateChanged)
-    ]
+    states = await handled_with_state_events(rt, url)
     await rewrite_entry(rt, url, states[0], b"\xc1")
     await rewrite_entry(rt, url, states[1], b"\xc1")
     await rt.close()
