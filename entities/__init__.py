@@ -1,11 +1,11 @@
-"""Ready-made entity types. ``entities.registry`` holds all of them:
+"""Ready-made entity types. ``wakeful.entities.registry`` holds all of them:
 
 * ``notes``: a to-do list driven by short commands (no model).
 * ``assistant``: an agent with memory, a calculator and delegation to
 * ``researcher`` children (Claude with ``ANTHROPIC_API_KEY``, scripted without).
 """
 
-from runtime import Registry
+from wakeful import Registry
 
 from . import assistant, notes
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from runtime import HandlerContext, Registry
-from runtime.models import DEFAULT_MODEL, Model, ModelRequest, ModelResponse, ScriptedModel
-from tools import MEMORY_COLLECTION, calculator, memory_store
+from wakeful import HandlerContext, Registry
+from wakeful.models import DEFAULT_MODEL, Model, ModelRequest, ModelResponse, ScriptedModel
+from wakeful.tools import MEMORY_COLLECTION, calculator, memory_store
 
 ASSISTANT_PROMPT = """\
 You are a helpful assistant, running as the durable entity {url}: your \

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from runtime import Collection, HandlerContext, Registry
+from wakeful import Collection, HandlerContext, Registry
 
 
 class Note(msgspec.Struct):

@@ -170,7 +170,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    # The demo is an app like any other: loaded by name, so the library never imports
+    # its own examples (wakeful.entities sits above every layer of the library).
+    run_demo = importlib.import_module("wakeful.entities.demo").run_demo
 
     await run_demo()
     return OK

@@ -82,7 +82,7 @@ from benchlib import (
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from runtime import (
+from wakeful import (
     AgentTool,
     HandlerContext,
     Registry,
@@ -92,9 +92,9 @@ from runtime import (
     ToolResult,
     Worker,
 )
-from runtime.keys import Keyspace
-from runtime.models import ModelRequest, ModelResponse
-from runtime.store import Store
+from wakeful.keys import Keyspace
+from wakeful.models import ModelRequest, ModelResponse
+from wakeful.store import Store
 
 WARM = "/agent/warm"
 SOLO = "/agent/solo"

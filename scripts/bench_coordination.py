@@ -100,8 +100,8 @@ from benchlib import (
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from runtime import HandlerContext, Registry, Runtime, Settings, Wake
-from runtime.events import Message, decode_event, encode_event
+from wakeful import HandlerContext, Registry, Runtime, Settings, Wake
+from wakeful.events import Message, decode_event, encode_event
 
 PARENT = "/parent/p"
 TARGET_P50_MS = 3.0

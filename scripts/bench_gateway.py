@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_gateway.py            # full size (about 20 s)
     .venv/bin/python scripts/bench_gateway.py --quick    # smoke run, a few seconds
 
-``wakeful serve entities:registry --worker`` runs in a subprocess (uvicorn on a
+``wakeful serve wakeful.entities:registry --worker`` runs in a subprocess (uvicorn on a
 real port, a worker in the same process; ``--separate-worker`` puts the worker
 in a process of its own) on the local Redis; this process is the
 HTTP client (httpx) and, for the baseline, a ``Runtime`` client of the same
@@ -44,9 +44,9 @@ from benchlib import delete_prefix, describe_machine, emit, fmt, percentiles, un
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime import Runtime, Settings  # noqa: E402
-from runtime.connection import connect  # noqa: E402
-from runtime.live import LiveRecord  # noqa: E402
+from wakeful import Runtime, Settings  # noqa: E402
+from wakeful.connection import connect  # noqa: E402
+from wakeful.live import LiveRecord  # noqa: E402
 
 
 def free_port() -> int:
@@ -151,9 +151,9 @@ async def main_async(args: argparse.Namespace) -> int:
     port = free_port()
     env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "8"}
     env.pop("ANTHROPIC_API_KEY", None)
-    cli = [sys.executable, "-m", "runtime.cli"]
+    cli = [sys.executable, "-m", "wakeful.cli"]
     where = ["--redis", redis_url]
-    serve = [*cli, "serve", "entities:registry", *where, "--port", str(port)]
+    serve = [*cli, "serve", "wakeful.entities:registry", *where, "--port", str(port)]
     processes = [
         subprocess.Popen(
             serve if args.separate_worker else [*serve, "--worker"],
@@ -165,7 +165,7 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.separate_worker:
         processes.append(
             subprocess.Popen(
-                [*cli, "worker", "entities:registry", *where],
+                [*cli, "worker", "wakeful.entities:registry", *where],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.DEVNULL,

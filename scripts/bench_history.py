@@ -21,8 +21,8 @@ import time
 import msgspec
 from benchlib import add_redis_argument, delete_prefix, describe_machine, emit, unique_prefix
 
-from runtime import Collection, HandlerContext, Registry, Runtime, Settings
-from runtime.connection import connect
+from wakeful import Collection, HandlerContext, Registry, Runtime, Settings
+from wakeful.connection import connect
 
 
 class Row(msgspec.Struct):

@@ -18,7 +18,7 @@ plus one XACK per stream. Every message is one "handler call".
 **Wakeful.** The producer preloads the same number of messages to
 ``--entities`` entities with the real client (``Runtime(run_worker=False)``,
 ``rt.send``), then starts ONE worker process (this script with ``--role
-worker``, a real :class:`runtime.Worker` and :class:`runtime.store.Store`)
+worker``, a real :class:`wakeful.Worker` and :class:`wakeful.store.Store`)
 running a trivial handler that only counts its messages (``--writes`` also
 upserts a counter row per wake, so every commit carries a state event). Timing
 starts when the worker holds its partition leases (startup excluded) and ends
@@ -87,10 +87,10 @@ from benchlib import Child as _Child
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from runtime import Collection, HandlerContext, Registry, Runtime, Settings, Worker
-from runtime.connection import connect
-from runtime.keys import Keyspace
-from runtime.store import Store
+from wakeful import Collection, HandlerContext, Registry, Runtime, Settings, Worker
+from wakeful.connection import connect
+from wakeful.keys import Keyspace
+from wakeful.store import Store
 
 ENTITY_TYPE = "bench"
 

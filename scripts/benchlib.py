@@ -41,8 +41,8 @@ import msgspec
 import redis
 from redis.asyncio import Connection, Redis
 
-from runtime.events import Message, decode_event, encode_event
-from runtime.keys import Keyspace
+from wakeful.events import Message, decode_event, encode_event
+from wakeful.keys import Keyspace
 
 RAW_GROUP = "bench"
 RAW_COUNT = 100
@@ -185,9 +185,9 @@ async def describe_machine(r: Redis, *, busy_warning: str | None = None) -> dict
 def code_version() -> str:
     """The commit the runtime is imported from (``git describe --always``), plus a note
     when ``runtime/`` has uncommitted changes (other files do not count)."""
-    import runtime
+    import wakeful
 
-    package = os.path.dirname(os.path.abspath(runtime.__file__))
+    package = os.path.dirname(os.path.abspath(wakeful.__file__))
 
     def git(*argv: str) -> str:
         try:
@@ -216,9 +216,9 @@ class RoundTrips:
 
 def runtime_connection_class(url: str) -> type[Connection]:
     """The connection class the runtime's own client uses for ``url`` (see
-    ``runtime.connection.connect``), so a benchmark's clients pack commands the same way."""
+    ``wakeful.connection.connect``), so a benchmark's clients pack commands the same way."""
     try:
-        from runtime.connection import HiredisPackingConnection
+        from wakeful.connection import HiredisPackingConnection
     except ImportError:  # a runtime without it
         return Connection
     return HiredisPackingConnection if url.startswith("redis://") else Connection

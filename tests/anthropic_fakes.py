@@ -11,7 +11,7 @@ from typing import Any
 import anthropic
 import httpx2
 
-from runtime.models import AnthropicModel
+from wakeful.models import AnthropicModel
 
 MODEL = "claude-sonnet-4-6"
 SSE_HEADERS = {"content-type": "text/event-stream", "request-id": "req_test"}

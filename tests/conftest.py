@@ -7,8 +7,10 @@ tests never see each other's data, and its keys are deleted afterwards.
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import secrets
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -18,8 +20,22 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from runtime import Registry, Runtime, Settings
-from runtime.connection import connect
+from wakeful import Registry, Runtime, Settings
+from wakeful.connection import connect
+
+
+class _SourceFoldersAreNotPackages(importlib.abc.MetaPathFinder):
+    """The checkout's folders ``runtime/``, ``tools/`` and ``entities/`` install as
+    ``wakeful``, ``wakeful.tools`` and ``wakeful.entities``. The repository root is on
+    sys.path for ``tests.*``, which would let a stale ``import runtime`` load a second copy
+    of the package; this finder turns that into an ImportError instead."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname.partition(".")[0] in {"runtime", "tools", "entities"}:
+            raise ImportError(f"import {fullname!r} as wakeful.* (the installed name)")
+
+
+sys.meta_path.insert(0, _SourceFoldersAreNotPackages())
 
 REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 BACKENDS = ["fake", "redis"]

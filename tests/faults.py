@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runtime import Registry, Runtime
+from wakeful import Registry, Runtime
 
 
 class SimulatedCrash(BaseException):

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from tests.faults import SimulatedCrash
+from wakeful import (
     HandlerContext,
     LogRecord,
     Registration,
@@ -23,17 +24,16 @@ from runtime import (
     define_tool,
     tool,
 )
-from runtime.actions import (
+from wakeful.actions import (
     ActionError,
     ActionNotAuthorizedError,
     ActionNotPendingError,
     ActionValidationError,
 )
-from runtime.agent import RunResult
-from runtime.contracts import ApprovalInfo, CallInfo, OutputInfo
-from runtime.events import ActionRequested, ActionSettled, ToolOutcome
-from runtime.models import ModelRequest, ModelResponse
-from tests.faults import SimulatedCrash
+from wakeful.agent import RunResult
+from wakeful.contracts import ApprovalInfo, CallInfo, OutputInfo
+from wakeful.events import ActionRequested, ActionSettled, ToolOutcome
+from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from tests.faults import crash_and_recover
+from wakeful import (
     AgentTool,
     AssistantStep,
     Collection,
@@ -23,9 +24,8 @@ from runtime import (
     ToolOutcome,
     ToolResult,
 )
-from runtime.history import INTERRUPTED
-from runtime.models import ModelRequest, ModelResponse
-from tests.faults import crash_and_recover
+from wakeful.history import INTERRUPTED
+from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
 

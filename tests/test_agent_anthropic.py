@@ -9,18 +9,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
-    AgentTool,
-    AssistantStep,
-    HandlerContext,
-    LogRecord,
-    Registry,
-    RunFinished,
-    ToolOutcome,
-    ToolResult,
-)
-from runtime.events import HandlerFailed
-from runtime.models import AnthropicModel
 from tests.anthropic_fakes import (
     MODEL,
     Server,
@@ -30,6 +18,18 @@ from tests.anthropic_fakes import (
     text_block,
     tool_block,
 )
+from wakeful import (
+    AgentTool,
+    AssistantStep,
+    HandlerContext,
+    LogRecord,
+    Registry,
+    RunFinished,
+    ToolOutcome,
+    ToolResult,
+)
+from wakeful.events import HandlerFailed
+from wakeful.models import AnthropicModel
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from entities import registry as entities_registry
-from entities.assistant import assistant_step, demo_model, pick_model
-from runtime import (
+from tests.faults import crash_and_recover
+from wakeful import (
     Collection,
     Created,
     HandlerContext,
@@ -20,12 +19,13 @@ from runtime import (
     RunFinished,
     UnknownCollectionError,
 )
-from runtime.context import CancelSignal
-from runtime.events import AssistantStep, ToolOutcome
-from runtime.models import DEFAULT_MODEL, ModelRequest, ScriptedModel
-from tests.faults import crash_and_recover
-from tools import MEMORY_COLLECTION, calculator, memory_store
-from tools.calculator import MAX_INT_BITS, Calculation, CalculationError, evaluate
+from wakeful.context import CancelSignal
+from wakeful.entities import registry as entities_registry
+from wakeful.entities.assistant import assistant_step, demo_model, pick_model
+from wakeful.events import AssistantStep, ToolOutcome
+from wakeful.models import DEFAULT_MODEL, ModelRequest, ScriptedModel
+from wakeful.tools import MEMORY_COLLECTION, calculator, memory_store
+from wakeful.tools.calculator import MAX_INT_BITS, Calculation, CalculationError, evaluate
 
 pytestmark = pytest.mark.anyio
 
@@ -224,7 +224,7 @@ async def test_memory_store_names_a_missing_collection(cluster):
 
 
 def test_memory_parameters_schema_lists_the_actions() -> None:
-    from tools.memory import MemoryRequest
+    from wakeful.tools.memory import MemoryRequest
 
     schema = msgspec.json.schema(MemoryRequest)
     props = schema["$defs"]["MemoryRequest"]["properties"]
@@ -382,7 +382,7 @@ async def test_a_crash_around_the_dispatch_spawns_one_child(cluster, point: str,
 
 async def test_the_assistant_asks_before_losing_a_fact(cluster):
     """Adding a fact needs no approval; replacing or forgetting one waits for a person."""
-    from runtime.errors import RunSuspendedError
+    from wakeful.errors import RunSuspendedError
 
     rt = await cluster.runtime(entities_registry)
     await rt.ask(ASSISTANT, "remember that my color is teal")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from entities import assistant, notes
-from runtime import HandlerContext, Registry, Runtime, ScriptedModel, Settings
-from runtime.models import ModelError
+from wakeful import HandlerContext, Registry, Runtime, ScriptedModel, Settings
+from wakeful.entities import assistant, notes
+from wakeful.models import ModelError
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def cli_env(prefix: str, **extra: str) -> dict[str, str]:
 def wakeful(server_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = cli_env(prefix)
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", *args, "--redis", server_url],
+        [sys.executable, "-m", "wakeful.cli", *args, "--redis", server_url],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -241,9 +241,9 @@ def test_serve_answers_http_on_the_embedded_default():
         [
             sys.executable,
             "-m",
-            "runtime.cli",
+            "wakeful.cli",
             "serve",
-            "entities:registry",
+            "wakeful.entities:registry",
             "--port",
             str(port),
             "--token",
@@ -324,7 +324,7 @@ def _interact(
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):
     await worker.ask("/assistant/i1", "remember that my city is Lyon")
     env = cli_env(prefix, TERM="xterm")
-    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i1", "forget my city"]
+    command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i1", "forget my city"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "approve", "y\n"
     )
@@ -338,7 +338,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
 
     await worker.ask("/assistant/i2", "remember that my city is Lyon")
     env = cli_env(prefix, TERM="xterm")
-    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i2", "forget my city"]
+    command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i2", "forget my city"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "approve", signal.SIGINT
     )
@@ -350,7 +350,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
 
 async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
     env = cli_env(prefix, TERM="xterm")
-    command = [sys.executable, "-m", "runtime.cli", "ask", "/assistant/i3", "calculate 6 * 7"]
+    command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i3", "calculate 6 * 7"]
     code, output = await asyncio.to_thread(
         _interact, [*command, "--redis", server_url], env, "never shown", ""
     )
@@ -373,7 +373,7 @@ async def test_tail_follows_live_output(worker, server_url, prefix):
         [
             sys.executable,
             "-m",
-            "runtime.cli",
+            "wakeful.cli",
             "tail",
             "/assistant/l1",
             "-f",
@@ -418,7 +418,7 @@ async def test_a_closed_pipe_ends_tail_quietly(worker, server_url, prefix):
     await worker.wait_idle("/notes/pipe")
     env = cli_env(prefix)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "tail", "/notes/pipe", "--redis", server_url],
+        [sys.executable, "-m", "wakeful.cli", "tail", "/notes/pipe", "--redis", server_url],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -435,7 +435,7 @@ async def test_a_closed_pipe_ends_tail_quietly(worker, server_url, prefix):
 
 def test_an_app_in_the_current_directory_is_found(tmp_path):
     (tmp_path / "myapp.py").write_text(
-        "from runtime import Registry\n"
+        "from wakeful import Registry\n"
         "registry = Registry()\n\n"
         "@registry.entity('greeter')\n"
         "async def greeter(ctx):\n"

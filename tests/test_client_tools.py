@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime import (
+from wakeful import (
     AgentTool,
     HandlerContext,
     Message,
@@ -17,8 +17,8 @@ from runtime import (
     ScriptedModel,
     ToolResult,
 )
-from runtime.actions import ActionValidationError, ClientToolsError
-from runtime.models import ModelResponse
+from wakeful.actions import ActionValidationError, ClientToolsError
+from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     Collection,
     CollectionError,
     DuplicateKeyError,
@@ -17,8 +17,8 @@ from runtime import (
     RowValidationError,
     UnknownCollectionError,
 )
-from runtime.events import StateChanged
-from runtime.state import Database, EntityState
+from wakeful.events import StateChanged
+from wakeful.state import Database, EntityState
 
 pytestmark = pytest.mark.anyio
 

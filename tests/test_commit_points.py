@@ -12,8 +12,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime import Collection, HandlerContext, Message, Registry
 from tests.faults import crash_and_recover
+from wakeful import Collection, HandlerContext, Message, Registry
 
 pytestmark = pytest.mark.anyio
 

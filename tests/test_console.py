@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import uvicorn
 
-from entities import registry
-from runtime.events import ActionSettled
-from runtime.gateway import create_app
+from wakeful.entities import registry
+from wakeful.events import ActionSettled
+from wakeful.gateway import create_app
 
 pytestmark = pytest.mark.anyio
 CHROMIUM = os.environ.get("WAKEFUL_CHROMIUM", "/usr/bin/chromium")
@@ -196,7 +196,7 @@ async def test_children_panel_and_navigation(gateway, page):
 
 async def test_bad_token_is_reported(cluster):
     """With authentication on, the page says a token is needed instead of failing silently."""
-    from runtime.gateway import bearer_tokens
+    from wakeful.gateway import bearer_tokens
 
     rt = await cluster.runtime(registry)
     app = create_app(rt, authenticate=bearer_tokens({"sesame": {"user": "ann"}}))
@@ -211,7 +211,7 @@ async def test_bad_token_is_reported(cluster):
 
 async def test_a_reader_can_look_but_not_write(cluster):
     """The console opens an entity its user may only read, and creates nothing."""
-    from runtime.gateway import bearer_tokens
+    from wakeful.gateway import bearer_tokens
 
     def readers_read(identity: Any, url: str, access: str) -> bool:
         return access == "read" or (identity or {}).get("user") == "owner"

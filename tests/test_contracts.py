@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     AgentDef,
     Capability,
     HandlerContext,
@@ -26,9 +26,9 @@ from runtime import (
     define_tool,
     tool,
 )
-from runtime.contracts import CallInfo, OutputInfo, ToolOutcomeInfo
-from runtime.events import ToolIntent, ToolOutcome
-from runtime.models import ModelRequest, ModelResponse
+from wakeful.contracts import CallInfo, OutputInfo, ToolOutcomeInfo
+from wakeful.events import ToolIntent, ToolOutcome
+from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     ArgsConflictError,
     Collection,
     HandlerContext,

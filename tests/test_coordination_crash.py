@@ -12,7 +12,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime import (
+from tests.faults import crash_and_recover
+from wakeful import (
     CancelRequested,
     Changed,
     ChildRunFinished,
@@ -25,7 +26,6 @@ from runtime import (
     Subscribed,
     Wake,
 )
-from tests.faults import crash_and_recover
 
 pytestmark = pytest.mark.anyio
 

@@ -22,8 +22,6 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runtime import Collection, HandlerContext, HandlerFailed, Message, Registry, Runtime
-from runtime.streamids import id_gt
 from tests.apps import crashy
 from tests.apps.harness import (
     PARTITIONS,
@@ -35,6 +33,8 @@ from tests.apps.harness import (
     until,
     wait_all_idle,
 )
+from wakeful import Collection, HandlerContext, HandlerFailed, Message, Registry, Runtime
+from wakeful.streamids import id_gt
 
 pytestmark = pytest.mark.anyio
 APP = "tests.apps.crashy:registry"

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     ArgsConflictError,
     Collection,
     Created,

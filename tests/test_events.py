@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     Created,
     EntityFailed,
     EntityNotFoundError,
@@ -19,7 +19,7 @@ from runtime import (
     Resumed,
     StateChanged,
 )
-from runtime.events import (
+from wakeful.events import (
     DEFAULT_MAX_EVENT_BYTES,
     LogRecord,
     Op,

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     Collection,
     EntityFailed,
     HandlerContext,

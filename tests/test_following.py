@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from runtime import (
+from tests.test_agent import adding_app, adding_model
+from wakeful import (
     AssistantStep,
     HandlerContext,
     LiveRecord,
@@ -17,11 +18,10 @@ from runtime import (
     RunFinished,
     ScriptedModel,
 )
-from runtime.client import _merged
-from runtime.errors import EntityNotFoundError, WaitTimeoutError
-from runtime.models import ModelResponse
-from runtime.streamids import id_gt
-from tests.test_agent import adding_app, adding_model
+from wakeful.client import _merged
+from wakeful.errors import EntityNotFoundError, WaitTimeoutError
+from wakeful.models import ModelResponse
+from wakeful.streamids import id_gt
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ import httpx
 import msgspec
 import pytest
 
-from runtime import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
-from runtime.gateway import bearer_tokens, create_app
-from runtime.models import ModelResponse
+from wakeful import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
+from wakeful.gateway import bearer_tokens, create_app
+from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
 TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}

@@ -34,7 +34,15 @@ def test_no_request_breaks_the_gateway_or_leaves_its_contract(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "entities:registry", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "wakeful.cli",
+            "serve",
+            "wakeful.entities:registry",
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,

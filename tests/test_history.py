@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.events import AssistantStep, HistoryEvent, ToolCall, ToolIntent, ToolOutcome, UserTurn
-from runtime.history import INTERRUPTED, project
+from wakeful.events import AssistantStep, HistoryEvent, ToolCall, ToolIntent, ToolOutcome, UserTurn
+from wakeful.history import INTERRUPTED, project
 
 RUN = "r1"
 TOOL_USE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")

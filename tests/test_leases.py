@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 
-import runtime.worker as worker_module
-from runtime import FencedError, StateChanged
-from runtime.events import Op, encode_event, pack
-from runtime.worker import rendezvous_owner
+import wakeful.worker as worker_module
 from tests.apps import crashy
 from tests.apps.harness import assert_exactly_once, until, wait_all_idle
+from wakeful import FencedError, StateChanged
+from wakeful.events import Op, encode_event, pack
+from wakeful.worker import rendezvous_owner
 
 pytestmark = pytest.mark.anyio
 PARTITIONS = 4

@@ -12,17 +12,6 @@ from typing import Any
 import httpx2
 import pytest
 
-from runtime.models import (
-    AnthropicModel,
-    Model,
-    ModelConfigError,
-    ModelError,
-    ModelRequest,
-    ModelResponse,
-    ScriptedModel,
-    Usage,
-    resolve_model,
-)
 from tests.anthropic_fakes import (
     MODEL,
     SSE_HEADERS,
@@ -34,6 +23,17 @@ from tests.anthropic_fakes import (
     stream_body,
     text_block,
     tool_block,
+)
+from wakeful.models import (
+    AnthropicModel,
+    Model,
+    ModelConfigError,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ScriptedModel,
+    Usage,
+    resolve_model,
 )
 
 pytestmark = pytest.mark.anyio

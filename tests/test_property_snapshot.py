@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime import Collection, HandlerContext, Message, Registry, StateChanged
-from runtime.errors import DuplicateKeyError, MissingKeyError
-from runtime.events import decode_event, encode_event
-from runtime.state import Database, EntityState
+from wakeful import Collection, HandlerContext, Message, Registry, StateChanged
+from wakeful.errors import DuplicateKeyError, MissingKeyError
+from wakeful.events import decode_event, encode_event
+from wakeful.state import Database, EntityState
 
 
 class Note(msgspec.Struct):

@@ -50,7 +50,7 @@ def test_readme_typed_contract_example_defines_an_agent(monkeypatch):
 
 def test_demo_runs_on_the_embedded_default():
     out = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "demo"],
+        [sys.executable, "-m", "wakeful.cli", "demo"],
         cwd=ROOT,
         capture_output=True,
         text=True,

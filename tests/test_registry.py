@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 
-from runtime import (
+from wakeful import (
     Collection,
     DuplicateTypeError,
     EntityType,

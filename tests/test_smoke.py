@@ -1,7 +1,7 @@
 import msgspec
 import pytest
 
-from runtime import Collection, HandlerContext, Registry
+from wakeful import Collection, HandlerContext, Registry
 
 pytestmark = pytest.mark.anyio
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from runtime import HandlerContext, Registry, ScriptedModel, define_agent
-from runtime.events import ToolOutcome
-from runtime.models import ModelResponse
-from tools.memory import MEMORY_COLLECTION
-from tools.typed import typed_tools
+from wakeful import HandlerContext, Registry, ScriptedModel, define_agent
+from wakeful.events import ToolOutcome
+from wakeful.models import ModelResponse
+from wakeful.tools.memory import MEMORY_COLLECTION
+from wakeful.tools.typed import typed_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -97,7 +97,7 @@ async def test_the_typed_ready_made_tools_work_end_to_end(cluster):
 
 def test_the_cli_prints_the_manifest_with_types_and_agents():
     out = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "manifest", "entities:registry"],
+        [sys.executable, "-m", "wakeful.cli", "manifest", "wakeful.entities:registry"],
         capture_output=True,
         text=True,
         check=True,

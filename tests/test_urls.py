@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import EntityUrl, InvalidTypeNameError, InvalidUrlError, entity_url, parse_url
-from runtime.errors import WakefulError
-from runtime.urls import ID_MAX, TYPE_MAX, validate_type_name
+from wakeful import EntityUrl, InvalidTypeNameError, InvalidUrlError, entity_url, parse_url
+from wakeful.errors import WakefulError
+from wakeful.urls import ID_MAX, TYPE_MAX, validate_type_name
 
 VALID_TYPES = ["a", "assistant", "web-researcher", "agent_2", "x" * TYPE_MAX, "a-_9"]
 VALID_IDS = ["1", "alice", "Alice.Smith", "a~b:c@d-e_f.g", "0" * ID_MAX, "9lives", "A"]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runtime import HandlerContext, Registry
+from wakeful import HandlerContext, Registry
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from runtime.agent import AgentTool, ToolResult
-from runtime.context import CancelSignal
+from wakeful.agent import AgentTool, ToolResult
+from wakeful.context import CancelSignal
 
 __all__ = ["Calculation", "CalculationError", "calculator", "evaluate", "format_number"]
 

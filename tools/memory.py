@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from runtime.agent import AgentTool, ToolResult
-from runtime.context import CancelSignal
-from runtime.registry import Collection
+from wakeful.agent import AgentTool, ToolResult
+from wakeful.context import CancelSignal
+from wakeful.registry import Collection
 
 if TYPE_CHECKING:
-    from runtime.context import HandlerContext
+    from wakeful.context import HandlerContext
 
 __all__ = ["MEMORY_COLLECTION", "MemoryRequest", "Note", "memory_store"]
 

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from runtime.context import Wake
-from runtime.contracts import ToolContext, ToolDef, define_tool
-from runtime.urls import parse_url
+from wakeful.context import Wake
+from wakeful.contracts import ToolContext, ToolDef, define_tool
+from wakeful.urls import parse_url
 
 from .calculator import Calculation, CalculationError, evaluate, format_number
 from .memory import MemoryRequest as MemoryInput
 from .memory import Note, _preview, _problem
 
 if TYPE_CHECKING:
-    from runtime.context import HandlerContext
+    from wakeful.context import HandlerContext
 
 __all__ = [
     "CalculatorOutput",

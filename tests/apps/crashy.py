@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from runtime import Collection, HandlerContext, Message, Registry
+from wakeful import Collection, HandlerContext, Message, Registry
 
 INFLIGHT_PX = 10_000
 

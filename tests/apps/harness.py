@@ -15,8 +15,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from runtime import EntityFailed, HandlerFailed, Runtime, Settings, StateChanged
-from runtime.keys import Keyspace
+from wakeful import EntityFailed, HandlerFailed, Runtime, Settings, StateChanged
+from wakeful.keys import Keyspace
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -100,7 +100,7 @@ class Workers:
                 [
                     sys.executable,
                     "-m",
-                    "runtime.cli",
+                    "wakeful.cli",
                     "-v",
                     "worker",
                     self.app,

@@ -12,11 +12,13 @@ from typing import Any
 
 import fakeredis
 
-from .client import Runtime
-from .config import Settings
-from .embedded import embedded_redis
-from .errors import WakefulError
-from .events import (
+from wakeful.client import Runtime
+from wakeful.config import Settings
+from wakeful.embedded import embedded_redis
+from wakeful.entities import registry
+from wakeful.entities.assistant import pick_model
+from wakeful.errors import WakefulError
+from wakeful.events import (
     AssistantStep,
     Created,
     Message,
@@ -32,8 +34,6 @@ def _say(text: str = "") -> None:
 
 
 async def run_demo() -> None:
-    from entities import registry
-
     server = fakeredis.FakeServer()  # the embedded Redis: in this process, kept until exit
     settings = Settings(prefix="demo", snapshot_every=4)
     url = "/notes/groceries"
@@ -102,7 +102,7 @@ async def run_demo() -> None:
         await _agent_demo(rt)
     _say()
     _say("Done. Next: run a worker on a real Redis with")
-    _say("   wakeful worker entities:registry --redis redis://127.0.0.1:6379/0")
+    _say("   wakeful worker wakeful.entities:registry --redis redis://127.0.0.1:6379/0")
 
 
 def _print_notes(state: dict[str, list[dict[str, object]]]) -> None:
@@ -125,8 +125,6 @@ AGENT_QUESTIONS = [
 
 
 async def _agent_demo(rt: Runtime) -> None:
-    from entities.assistant import pick_model
-
     model = pick_model()
     if isinstance(model, str):
         which, timeout = f"Claude ({model}), because ANTHROPIC_API_KEY is set", 180.0
