@@ -1,0 +1,531 @@
+"""The fenced scripts (COMMIT, FIRE, CANCEL_TIMER, DELETE) and the lease scripts (ACQUIRE,
+RENEW, RELEASE, HEARTBEAT), one group each, driven through the Store's methods and judged
+by their exact answers and the exact Redis keys they leave, on both backends."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.script_helpers import (
+    PARTITIONS,
+    create,
+    inbox_entries,
+    lease,
+    log,
+    meta,
+    partition_keys,
+    read_pointer,
+    state,
+    take_over,
+    unacked,
+)
+from wakeful import FencedError
+from wakeful.store import EntityGoneError
+
+pytestmark = pytest.mark.anyio
+
+URL = "/t/a"
+
+
+@pytest.fixture
+async def client(cluster):
+    rt = await cluster.runtime(run_worker=False)
+    for p in range(PARTITIONS):
+        await rt.store.ensure_group(p)
+    return rt
+
+
+@pytest.fixture
+def store(client):
+    return client.store
+
+
+async def woken(store, url: str = URL, *events: bytes) -> tuple[str, list[str], str, str]:
+    """A new entity whose pointer a worker holding the lease has read:
+    (created, input ids, pointer id, token)."""
+    created, ids = await create(store, url, *(events or (b"m1",)))
+    pointer = await read_pointer(store, url)
+    _, token = await lease(store, url)
+    return created, ids, pointer, token
+
+
+async def next_message(pubsub) -> bytes:
+    """The next message published on the subscribed channel (waits up to 5 s)."""
+    with anyio.fail_after(5):
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is not None:
+                return message["data"]
+
+
+# -- COMMIT ----------------------------------------------------------------------------
+
+
+def a_commit_of_everything(created: str, cursor: str, pointer: str, member: str) -> dict:
+    return {
+        "events": [("e", b"E"), ("i", b"I"), ("o", b"O")],
+        "cursor": cursor,
+        "acks": [pointer],
+        "fields": {"attempts": 3},
+        "created": created,
+        "snapshot": b"SNAP",
+        "snapshot_seen": cursor,
+        "timers": [(member, 5, b"T")],
+        "actions": ["call1"],
+    }
+
+
+async def test_a_commit_under_a_taken_over_lease_is_fenced_and_changes_nothing(store):
+    created, [m1], pointer, old = await woken(store)
+    p = store.keys.partition(URL)
+    new = await take_over(store, p, old)
+    commit = a_commit_of_everything(created, m1, pointer, f"{URL}|{created}|t1")
+    before = await state(store, URL)
+    with pytest.raises(FencedError):
+        await store.commit(URL, old, **commit)
+    assert await state(store, URL) == before
+    # The same commit under the heir's token goes through: the refusal was the fence.
+    assert len(await store.commit(URL, new, **commit)) == 3
+
+
+async def test_a_commit_for_another_incarnation_is_gone_and_changes_nothing(store):
+    created, [m1], pointer, token = await woken(store)
+    commit = a_commit_of_everything("1-1", m1, pointer, f"{URL}|{created}|t1")
+    before = await state(store, URL)
+    with pytest.raises(EntityGoneError):
+        await store.commit(URL, token, **commit)
+    assert await state(store, URL) == before
+
+
+async def test_a_commit_appends_its_events_in_order_and_answers_their_ids(store):
+    created, [m1], _, token = await woken(store)
+    before = await meta(store, URL)
+    ids = await store.commit(
+        URL, token, events=[("e", b"E1"), ("i", b"I"), ("e", b"E2")], created=created
+    )
+    assert await log(store, URL) == [
+        (created, b"C"),
+        (m1, b"m1"),
+        *zip(ids, [b"E1", b"I", b"E2"], strict=True),
+    ]
+    # An input moves last_in; plain events move nothing (no outbox: no out_last).
+    assert await meta(store, URL) == {**before, "last_in": ids[1]}
+
+
+async def test_the_final_commit_advances_the_cursor_acknowledges_and_leaves_no_pointer(store):
+    created, [_, m2], pointer, token = await woken(store, URL, b"m1", b"m2")
+    before = await meta(store, URL)
+    assert await store.commit(URL, token, cursor=m2, acks=[pointer], created=created) == []
+    after = await meta(store, URL)
+    assert "woke" not in after
+    assert after == {**{f: v for f, v in before.items() if f != "woke"}, "cursor": m2}
+    assert await unacked(store, URL) == []
+    assert [i for i, _ in await inbox_entries(store, URL)] == [pointer]
+
+
+async def test_an_acknowledging_commit_with_inputs_after_the_cursor_points_again(store):
+    created, [m1, _], pointer, token = await woken(store, URL, b"m1", b"m2")
+    await store.commit(URL, token, cursor=m1, acks=[pointer], created=created)
+    [again] = await unacked(store, URL)
+    assert again != pointer
+    assert (await meta(store, URL))["woke"] == "1"
+    # Keeping the cursor ('' = keep) with input after it points again too.
+    second = await read_pointer(store, URL)
+    await store.commit(URL, token, acks=[second], created=created)
+    assert len(await unacked(store, URL)) == 1
+    assert (await meta(store, URL))["cursor"] == m1
+
+
+async def test_an_acknowledging_commit_with_undelivered_outbox_points_again(store):
+    created, [m1], pointer, token = await woken(store)
+    [out] = await store.commit(
+        URL, token, events=[("o", b"OUT")], cursor=m1, acks=[pointer], created=created
+    )
+    m = await meta(store, URL)
+    assert (m["out_last"], m["woke"]) == (out, "1")
+    [again] = await unacked(store, URL)
+    assert [i for i, _ in await inbox_entries(store, URL)] == [pointer, again]
+    # Delivered (out_done = out_last): the acknowledging commit leaves no pointer.
+    await read_pointer(store, URL)
+    await store.commit(URL, token, acks=[again], fields={"out_done": out}, created=created)
+    assert await unacked(store, URL) == []
+    assert "woke" not in await meta(store, URL)
+
+
+async def test_an_outbox_event_adds_a_pointer_when_none_is_pending(store):
+    created, [m1], pointer, token = await woken(store)
+    await store.commit(URL, token, cursor=m1, acks=[pointer], created=created)
+    assert await unacked(store, URL) == []
+    [out] = await store.commit(URL, token, events=[("o", b"OUT")], created=created)
+    [again] = await unacked(store, URL)
+    assert again == (await inbox_entries(store, URL))[-1][0]
+    m = await meta(store, URL)
+    assert (m["out_last"], m["woke"]) == (out, "1")
+
+
+async def test_a_failed_entity_gets_no_pointer_from_its_acknowledging_commit(store):
+    created, [_, m2], pointer, token = await woken(store, URL, b"m1", b"m2")
+    await store.commit(
+        URL,
+        token,
+        events=[("o", b"OUT")],
+        acks=[pointer],
+        fields={"status": "failed"},
+        created=created,
+    )
+    assert await unacked(store, URL) == []
+    m = await meta(store, URL)
+    assert (m["status"], m["cursor"], m["last_in"]) == ("failed", "0-0", m2)
+    assert "woke" not in m
+
+
+async def test_a_commit_writes_its_fields(store):
+    created, _, _, token = await woken(store)
+    before = await meta(store, URL)
+    await store.commit(URL, token, fields={"attempts": 2, "error": "boom"}, created=created)
+    assert await meta(store, URL) == {**before, "attempts": "2", "error": "boom"}
+
+
+async def test_a_commit_adds_each_timer_once_and_counts_it(store):
+    created, _, _, token = await woken(store)
+    k = store.keys
+    p = k.partition(URL)
+    t1, t2 = f"{URL}|{created}|t1", f"{URL}|{created}|t2"
+    await store.commit(URL, token, timers=[(t1, 100, b"T1"), (t2, 50, b"T2")], created=created)
+    await store.commit(URL, token, timers=[(t1, 999, b"AGAIN")], created=created)
+    assert await store.redis.zrange(k.timers(p), 0, -1, withscores=True) == [
+        (t2.encode(), 50.0),
+        (t1.encode(), 100.0),
+    ]
+    assert await store.redis.hgetall(k.timerdata(p)) == {t1.encode(): b"T1", t2.encode(): b"T2"}
+    assert (await meta(store, URL))["timers"] == "2"
+    assert await store.timers_of(URL, created) == [(t2, 50, b"T2"), (t1, 100, b"T1")]
+
+
+async def test_a_commit_marks_each_action_pending_once_and_counts_it(store):
+    created, _, _, token = await woken(store)
+    await store.commit(URL, token, actions=["a", "b"], created=created)
+    await store.commit(URL, token, actions=["a"], created=created)
+    assert await store.redis.hgetall(store.keys.actions(URL)) == {
+        b"a": b"pending",
+        b"b": b"pending",
+    }
+    assert (await meta(store, URL))["actions"] == "2"
+
+
+async def test_a_snapshot_covers_the_last_output_of_its_commit(store):
+    created, [m1], _, token = await woken(store)
+    ids = await store.commit(
+        URL,
+        token,
+        events=[("e", b"E"), ("o", b"O"), ("i", b"I")],
+        snapshot=b"S1",
+        snapshot_seen=m1,
+        snapshot_out="1-1",
+        created=created,
+    )
+    m = await meta(store, URL)
+    assert (m["snap_upto"], m["snap_out"]) == (m1, ids[1])  # the input is not an output
+    assert await store.snapshot(URL) == b"S1"
+    # A commit without outputs keeps the snapshot_out it is given.
+    await store.commit(
+        URL, token, snapshot=b"S2", snapshot_seen=ids[2], snapshot_out=ids[0], created=created
+    )
+    m = await meta(store, URL)
+    assert (m["snap_upto"], m["snap_out"]) == (ids[2], ids[0])
+    assert await store.snapshot(URL) == b"S2"
+
+
+async def test_a_commit_without_a_snapshot_leaves_the_snapshot_alone(store):
+    created, [m1], _, token = await woken(store)
+    await store.commit(URL, token, snapshot=b"S1", snapshot_seen=m1, created=created)
+    before = await meta(store, URL)
+    await store.commit(URL, token, events=[("e", b"E")], created=created)
+    assert await store.snapshot(URL) == b"S1"
+    m = await meta(store, URL)
+    assert (m["snap_upto"], m["snap_out"]) == (before["snap_upto"], before["snap_out"])
+
+
+async def test_a_commit_that_changes_the_entity_publishes_its_cursor(store):
+    created, [m1], pointer, token = await woken(store)
+    pubsub = store.redis.pubsub()
+    await pubsub.subscribe(store.keys.idle_channel(URL))
+    try:
+        await store.commit(URL, token, events=[("e", b"E")], created=created)  # no change
+        await store.commit(URL, token, cursor=m1, acks=[pointer], created=created)
+        assert await next_message(pubsub) == m1.encode()
+        await store.commit(URL, token, fields={"attempts": 1}, created=created)
+        assert await next_message(pubsub) == b""  # changed, cursor kept
+    finally:
+        await pubsub.aclose()
+
+
+async def test_an_acknowledging_commit_for_a_deleted_entity_writes_no_metadata(store):
+    created, _, pointer, token = await woken(store)
+    assert await store.delete(URL, token, created, [])
+    await store.commit(URL, token, acks=[pointer])
+    assert await unacked(store, URL) == []
+    assert await store.meta(URL) == {}
+    assert await partition_keys(store, URL) == {store.keys.inbox(store.keys.partition(URL))}
+
+
+# -- FIRE and CANCEL_TIMER -------------------------------------------------------------
+
+
+async def with_timer(store, due: int = 0) -> tuple[str, str, int, str, str]:
+    """An idle entity with one timer: (created, last input, partition, token, member)."""
+    created, [m1], pointer, token = await woken(store)
+    member = f"{URL}|{created}|t1"
+    await store.commit(
+        URL, token, cursor=m1, acks=[pointer], timers=[(member, due, b"FIRED")], created=created
+    )
+    assert await unacked(store, URL) == []
+    return created, m1, store.keys.partition(URL), token, member
+
+
+async def test_a_due_timer_fires_once_into_the_log_as_outbox_and_wakes_the_entity(store):
+    _, _, p, token, member = await with_timer(store)
+    k = store.keys
+    assert await store.due_timers([p], 0) == [(p, member)]
+    before = await meta(store, URL)
+    assert await store.fire_timer(p, token, member) == 1
+    [*_, (fired, data)] = await log(store, URL)
+    assert data == b"FIRED"
+    assert await meta(store, URL) == {**before, "timers": "0", "out_last": fired, "woke": "1"}
+    assert await store.redis.zrange(k.timers(p), 0, -1) == []
+    assert await store.redis.hgetall(k.timerdata(p)) == {}
+    assert await unacked(store, URL) == [(await inbox_entries(store, URL))[-1][0]]
+    assert await store.due_timers([p], 0) == []
+    after = await state(store, URL)
+    assert await store.fire_timer(p, token, member) == 0  # fired already
+    assert await state(store, URL) == after
+
+
+async def test_a_timer_fired_under_a_taken_over_lease_is_fenced_and_stays(store):
+    _, _, p, old, member = await with_timer(store)
+    new = await take_over(store, p, old)
+    before = await state(store, URL)
+    assert await store.fire_timer(p, old, member) == -1
+    assert await state(store, URL) == before
+    assert await store.fire_timer(p, new, member) == 1
+
+
+async def test_a_timer_of_a_deleted_entity_fires_as_nothing_and_is_removed(store):
+    created, _, p, token, member = await with_timer(store)
+    k = store.keys
+    assert await store.delete(URL, token, created, [])
+    assert await store.fire_timer(p, token, member) == 0
+    assert await store.redis.zrange(k.timers(p), 0, -1) == []
+    assert await store.redis.hgetall(k.timerdata(p)) == {}
+    assert await store.meta(URL) == {}
+    assert await partition_keys(store, URL) == {k.inbox(p)}
+
+
+async def test_a_timer_of_an_old_incarnation_does_not_fire_into_the_new_one(store):
+    created, _, p, token, member = await with_timer(store)
+    assert await store.delete(URL, token, created, [])
+    result = await store.append_input(URL, "t", created=b"C", events=[("i", b"new")])
+    assert result.created_id != created
+    before = await state(store, URL)
+    assert await store.fire_timer(p, token, member) == 0
+    after = await state(store, URL)
+    assert after[1:7] == before[1:7]  # log, meta, snapshot, actions, inbox, pointers
+    assert after[7:9] == ([], {})  # the timer is gone
+    k = store.keys
+    assert set(after[0]) == set(before[0]) - {k.timers(p), k.timerdata(p)}
+
+
+async def test_cancelling_a_timer_removes_it_once(store):
+    _, _, p, token, member = await with_timer(store)
+    k = store.keys
+    before = await meta(store, URL)
+    assert await store.cancel_timer(URL, token, member) is True
+    assert await meta(store, URL) == {**before, "timers": "0"}
+    assert await store.redis.zrange(k.timers(p), 0, -1) == []
+    assert await store.redis.hgetall(k.timerdata(p)) == {}
+    after = await state(store, URL)
+    assert await store.cancel_timer(URL, token, member) is False
+    assert await store.fire_timer(p, token, member) == 0
+    assert await state(store, URL) == after
+
+
+async def test_cancelling_a_timer_under_a_taken_over_lease_is_fenced_and_it_stays(store):
+    _, _, p, old, member = await with_timer(store)
+    new = await take_over(store, p, old)
+    before = await state(store, URL)
+    with pytest.raises(FencedError):
+        await store.cancel_timer(URL, old, member)
+    assert await state(store, URL) == before
+    assert await store.cancel_timer(URL, new, member) is True
+
+
+# -- DELETE ----------------------------------------------------------------------------
+
+
+async def test_delete_removes_the_entity_and_acknowledges_its_pointers(store):
+    k = store.keys
+    p = k.partition(URL)
+    other = next(f"/t/o{n}" for n in range(100) if k.partition(f"/t/o{n}") == p)
+    await create(store, other, b"x")
+    created, [m1], pointer, token = await woken(store)
+    await store.commit(
+        URL,
+        token,
+        snapshot=b"S",
+        snapshot_seen=m1,
+        actions=["call1"],
+        timers=[(f"{URL}|{created}|t1", 10**15, b"T")],
+        created=created,
+    )
+    await store.append_input(URL, "t", created=b"C", events=[("i", b"m")], idempotency_key="key")
+    keys_before = await partition_keys(store, URL)
+    assert {k.log(URL), k.meta(URL), k.snap(URL), k.actions(URL)} <= keys_before
+    assert await store.delete(URL, token, created, [pointer]) is True
+    # Gone: log, metadata, snapshot, actions and the type set membership; the pointer is acked.
+    # Left: the idempotency key (until its TTL) and the timer (it fires as nothing).
+    assert await partition_keys(store, URL) == {
+        k.inbox(p),
+        k.typeset(p, "t"),
+        k.log(other),
+        k.meta(other),
+        k.idem(URL, "key"),
+        k.timers(p),
+        k.timerdata(p),
+    }
+    assert await store.redis.smembers(k.typeset(p, "t")) == {other.encode()}
+    assert await unacked(store, URL) == []
+    assert await store.load(URL, None) == type(await store.load(URL, None))({}, None, [])
+    assert [e for _, e in await log(store, other)] == [b"C", b"x"]
+
+
+async def test_delete_of_the_last_entity_of_a_type_leaves_no_type_set(store):
+    created, _, pointer, token = await woken(store)
+    assert await store.delete(URL, token, created, [pointer]) is True
+    assert await partition_keys(store, URL) == {store.keys.inbox(store.keys.partition(URL))}
+    assert await store.entity_urls("t") == []
+
+
+async def test_delete_publishes_deleted_on_the_entity_channel(store):
+    created, _, pointer, token = await woken(store)
+    pubsub = store.redis.pubsub()
+    await pubsub.subscribe(store.keys.idle_channel(URL))
+    try:
+        assert await store.delete(URL, token, created, [pointer]) is True
+        assert await next_message(pubsub) == b"deleted"
+    finally:
+        await pubsub.aclose()
+
+
+async def test_delete_of_another_incarnation_answers_gone_and_changes_nothing(store):
+    _, _, pointer, token = await woken(store)
+    before = await state(store, URL)
+    assert await store.delete(URL, token, "1-1", [pointer]) is False
+    assert await state(store, URL) == before
+
+
+async def test_delete_under_a_taken_over_lease_is_fenced_and_changes_nothing(store):
+    created, _, pointer, old = await woken(store)
+    new = await take_over(store, store.keys.partition(URL), old)
+    before = await state(store, URL)
+    with pytest.raises(FencedError):
+        await store.delete(URL, old, created, [pointer])
+    assert await state(store, URL) == before
+    assert await store.delete(URL, new, created, [pointer]) is True
+
+
+async def test_a_recreated_entity_is_a_later_incarnation(store):
+    created, _, pointer, token = await woken(store)
+    assert await store.delete(URL, token, created, [pointer])
+    result = await store.append_input(URL, "t", created=b"C", events=[("i", b"again")])
+    assert result.appended
+    assert result.created_id != created
+    # The old incarnation's writers are refused.
+    with pytest.raises(EntityGoneError):
+        await store.commit(URL, token, events=[("e", b"E")], created=created)
+    assert await store.delete(URL, token, created, []) is False
+
+
+# -- ACQUIRE, RENEW, RELEASE -----------------------------------------------------------
+
+
+async def test_acquire_grants_a_free_lease_with_the_next_epoch_and_the_ttl(store):
+    k = store.keys
+    assert await store.acquire(0, "w1", 5000) == "w1:1"
+    assert await store.redis.get(k.lease(0)) == b"w1:1"
+    assert await store.redis.get(k.epoch(0)) == b"1"
+    assert 0 < await store.redis.pttl(k.lease(0)) <= 5000
+    assert await store.lease_owner(0) == "w1:1"
+    assert await store.lease_owner(1) is None
+
+
+async def test_acquire_by_the_holder_keeps_the_token_and_extends_the_ttl(store):
+    k = store.keys
+    assert await store.acquire(0, "w1", 1000) == "w1:1"
+    assert await store.acquire(0, "w1", 60_000) == "w1:1"
+    assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
+    assert await store.redis.get(k.epoch(0)) == b"1"
+
+
+async def test_acquire_of_a_lease_held_by_another_worker_is_refused(store):
+    k = store.keys
+    assert await store.acquire(0, "w1", 60_000) == "w1:1"
+    assert await store.acquire(0, "w2", 60_000) is None
+    assert await store.acquire(0, "w", 60_000) is None  # a prefix of the holder's id
+    assert await store.redis.get(k.lease(0)) == b"w1:1"
+    assert await store.redis.get(k.epoch(0)) == b"1"
+
+
+async def test_every_new_lease_of_a_partition_has_a_greater_epoch(store):
+    tokens = [await store.acquire(2, "w1", 60_000)]
+    tokens.append(await take_over(store, 2, tokens[-1], "w2"))
+    tokens.append(await take_over(store, 2, tokens[-1], "w1"))  # the first worker returns
+    assert tokens == ["w1:1", "w2:2", "w1:3"]
+    assert await store.acquire(3, "w1", 60_000) == "w1:1"  # epochs are per partition
+
+
+async def test_renew_extends_only_the_current_token(store):
+    k = store.keys
+    old = await store.acquire(0, "w1", 60_000)
+    new = await take_over(store, 0, old, "w2")
+    await store.redis.pexpire(k.lease(0), 1000)
+    assert await store.renew(0, old, 60_000) is False
+    assert 0 < await store.redis.pttl(k.lease(0)) <= 1000
+    assert await store.redis.get(k.lease(0)) == new.encode()
+    assert await store.renew(0, new, 60_000) is True
+    assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
+    assert await store.renew(1, new, 60_000) is False  # no lease there
+    assert await store.redis.exists(k.lease(1)) == 0
+
+
+async def test_release_frees_only_the_current_token(store):
+    k = store.keys
+    old = await store.acquire(0, "w1", 60_000)
+    new = await take_over(store, 0, old, "w2")
+    assert await store.release(0, old) is False
+    assert await store.redis.get(k.lease(0)) == new.encode()
+    assert await store.release(0, new) is True
+    assert await store.redis.exists(k.lease(0)) == 0
+    assert await store.release(0, new) is False
+    assert await store.acquire(0, "w1", 60_000) == "w1:3"
+
+
+# -- HEARTBEAT -------------------------------------------------------------------------
+
+
+async def test_heartbeat_registers_a_worker_and_answers_the_live_ones(store):
+    k = store.keys
+    assert await store.heartbeat("w1", 60_000) == ["w1"]
+    assert sorted(await store.heartbeat("w2", 60_000)) == ["w1", "w2"]
+    [(_, score)] = await store.redis.zrange(k.workers, 0, 0, withscores=True)
+    assert score > 60_000  # an expiry time, not a ttl
+
+
+async def test_heartbeat_deregisters_and_drops_expired_workers(store):
+    k = store.keys
+    await store.heartbeat("w1", 60_000)
+    await store.heartbeat("w2", 60_000)
+    await store.redis.zadd(k.workers, {"dead": 1})  # expired long ago
+    assert sorted(await store.heartbeat("w3", 60_000)) == ["w1", "w2", "w3"]
+    assert await store.heartbeat("w2", None) == ["w1", "w3"]
+    assert await store.redis.zrange(k.workers, 0, -1) == [b"w1", b"w3"]
