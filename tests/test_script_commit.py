@@ -1,6 +1,6 @@
-"""The fenced scripts (COMMIT, FIRE, CANCEL_TIMER, DELETE) and the lease scripts (ACQUIRE,
-RENEW, RELEASE, HEARTBEAT), one group each, driven through the Store's methods and judged
-by their exact answers and the exact Redis keys they leave, on both backends."""
+"""The fenced scripts (COMMIT, FIRE, CANCEL_TIMER, DELETE), one group each, driven through
+the Store's methods and judged by their exact answers and the exact Redis keys they leave,
+on both backends. (The lease scripts: test_script_leases.py.)"""
 
 from __future__ import annotations
 
@@ -446,86 +446,47 @@ async def test_a_recreated_entity_is_a_later_incarnation(store):
     assert await store.delete(URL, token, created, []) is False
 
 
-# -- ACQUIRE, RENEW, RELEASE -----------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="DELETE does not remove live:<url> (it is not among its keys): the deleted "
+    "entity's live output stays forever and a re-created entity's readers see it",
+)
+async def test_delete_removes_the_live_output_too(store):
+    created, _, pointer, token = await woken(store)
+    await store.append_live(URL, [b"delta"])
+    assert await store.delete(URL, token, created, [pointer]) is True
+    assert await store.redis.exists(store.keys.live(URL)) == 0
 
 
-async def test_acquire_grants_a_free_lease_with_the_next_epoch_and_the_ttl(store):
-    k = store.keys
-    assert await store.acquire(0, "w1", 5000) == "w1:1"
-    assert await store.redis.get(k.lease(0)) == b"w1:1"
-    assert await store.redis.get(k.epoch(0)) == b"1"
-    assert 0 < await store.redis.pttl(k.lease(0)) <= 5000
-    assert await store.lease_owner(0) == "w1:1"
-    assert await store.lease_owner(1) is None
+@pytest.mark.xfail(
+    strict=True,
+    reason="DELETE removes the log stream, so the re-create's XADD * starts a fresh stream "
+    "at <now ms>-0: within the millisecond of the old creation it is the old created id",
+)
+async def test_a_recreated_entity_never_reuses_the_deleted_incarnation(store):
+    """Created ids are the incarnation: a stale commit, a stale delete and an old timer are
+    refused by it. A delete and a re-create within the same millisecond must not give the
+    new entity the old id (200 quick cycles make that millisecond happen)."""
+    reused = []
+    for n in range(200):
+        url = f"/t/r{n}"
+        old = (await store.append_input(url, "t", created=b"C", events=[("i", b"m")])).created_id
+        _, token = await lease(store, url)
+        assert await store.delete(url, token, old, [])
+        new = (await store.append_input(url, "t", created=b"C", events=[("i", b"m")])).created_id
+        if new == old:
+            reused.append(url)
+    assert reused == []
 
 
-async def test_acquire_by_the_holder_keeps_the_token_and_extends_the_ttl(store):
-    k = store.keys
-    assert await store.acquire(0, "w1", 1000) == "w1:1"
-    assert await store.acquire(0, "w1", 60_000) == "w1:1"
-    assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
-    assert await store.redis.get(k.epoch(0)) == b"1"
-
-
-async def test_acquire_of_a_lease_held_by_another_worker_is_refused(store):
-    k = store.keys
-    assert await store.acquire(0, "w1", 60_000) == "w1:1"
-    assert await store.acquire(0, "w2", 60_000) is None
-    assert await store.acquire(0, "w", 60_000) is None  # a prefix of the holder's id
-    assert await store.redis.get(k.lease(0)) == b"w1:1"
-    assert await store.redis.get(k.epoch(0)) == b"1"
-
-
-async def test_every_new_lease_of_a_partition_has_a_greater_epoch(store):
-    tokens = [await store.acquire(2, "w1", 60_000)]
-    tokens.append(await take_over(store, 2, tokens[-1], "w2"))
-    tokens.append(await take_over(store, 2, tokens[-1], "w1"))  # the first worker returns
-    assert tokens == ["w1:1", "w2:2", "w1:3"]
-    assert await store.acquire(3, "w1", 60_000) == "w1:1"  # epochs are per partition
-
-
-async def test_renew_extends_only_the_current_token(store):
-    k = store.keys
-    old = await store.acquire(0, "w1", 60_000)
-    new = await take_over(store, 0, old, "w2")
-    await store.redis.pexpire(k.lease(0), 1000)
-    assert await store.renew(0, old, 60_000) is False
-    assert 0 < await store.redis.pttl(k.lease(0)) <= 1000
-    assert await store.redis.get(k.lease(0)) == new.encode()
-    assert await store.renew(0, new, 60_000) is True
-    assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
-    assert await store.renew(1, new, 60_000) is False  # no lease there
-    assert await store.redis.exists(k.lease(1)) == 0
-
-
-async def test_release_frees_only_the_current_token(store):
-    k = store.keys
-    old = await store.acquire(0, "w1", 60_000)
-    new = await take_over(store, 0, old, "w2")
-    assert await store.release(0, old) is False
-    assert await store.redis.get(k.lease(0)) == new.encode()
-    assert await store.release(0, new) is True
-    assert await store.redis.exists(k.lease(0)) == 0
-    assert await store.release(0, new) is False
-    assert await store.acquire(0, "w1", 60_000) == "w1:3"
-
-
-# -- HEARTBEAT -------------------------------------------------------------------------
-
-
-async def test_heartbeat_registers_a_worker_and_answers_the_live_ones(store):
-    k = store.keys
-    assert await store.heartbeat("w1", 60_000) == ["w1"]
-    assert sorted(await store.heartbeat("w2", 60_000)) == ["w1", "w2"]
-    [(_, score)] = await store.redis.zrange(k.workers, 0, 0, withscores=True)
-    assert score > 60_000  # an expiry time, not a ttl
-
-
-async def test_heartbeat_deregisters_and_drops_expired_workers(store):
-    k = store.keys
-    await store.heartbeat("w1", 60_000)
-    await store.heartbeat("w2", 60_000)
-    await store.redis.zadd(k.workers, {"dead": 1})  # expired long ago
-    assert sorted(await store.heartbeat("w3", 60_000)) == ["w1", "w2", "w3"]
-    assert await store.heartbeat("w2", None) == ["w1", "w3"]
-    assert await store.redis.zrange(k.workers, 0, -1) == [b"w1", b"w3"]
+@pytest.mark.xfail(
+    strict=True,
+    reason="CANCEL_TIMER has no incarnation check (FIRE has): HINCRBY writes meta "
+    "{timers: -1} for a deleted entity; latent, the worker cancels only its own incarnation's",
+)
+async def test_cancelling_a_timer_of_a_deleted_entity_writes_no_metadata(store):
+    created, _, p, token, member = await with_timer(store)
+    assert await store.delete(URL, token, created, [])
+    assert await store.cancel_timer(URL, token, member) is True
+    assert await store.redis.zrange(store.keys.timers(p), 0, -1) == []
+    assert await store.meta(URL) == {}
