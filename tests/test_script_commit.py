@@ -4,6 +4,8 @@ on both backends. (The lease scripts: test_script_leases.py.)"""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 
@@ -87,6 +89,16 @@ async def test_a_commit_under_a_taken_over_lease_is_fenced_and_changes_nothing(s
     assert await state(store, URL) == before
     # The same commit under the heir's token goes through: the refusal was the fence.
     assert len(await store.commit(URL, new, **commit)) == 3
+
+
+async def test_a_commit_after_the_lease_expired_is_fenced_before_anyone_takes_over(store):
+    created, [m1], pointer, token = await woken(store)
+    await store.redis.delete(store.keys.lease(store.keys.partition(URL)))  # the TTL ran out
+    commit = a_commit_of_everything(created, m1, pointer, f"{URL}|{created}|t1")
+    before = await state(store, URL)
+    with pytest.raises(FencedError):
+        await store.commit(URL, token, **commit)
+    assert await state(store, URL) == before
 
 
 async def test_a_commit_for_another_incarnation_is_gone_and_changes_nothing(store):
@@ -178,6 +190,21 @@ async def test_a_failed_entity_gets_no_pointer_from_its_acknowledging_commit(sto
     m = await meta(store, URL)
     assert (m["status"], m["cursor"], m["last_in"]) == ("failed", "0-0", m2)
     assert "woke" not in m
+
+
+async def test_a_commit_acknowledges_every_pointer_it_is_given(store):
+    created, _ = await create(store, URL, b"m1")
+    [p1] = await unacked(store, URL)
+    _, token = await lease(store, URL)
+    assert await store.delete(URL, token, created, [])  # p1 left unacknowledged
+    again = await store.append_input(URL, "t", created=b"C", events=[("i", b"m2")])
+    [_, p2] = await unacked(store, URL)
+    assert [i for i, _ in await inbox_entries(store, URL)] == [p1, p2]
+    read = await store.read_inbox([store.keys.partition(URL)], "w1", 100, 100)
+    assert [(x.entry_id, x.url) for x in read] == [(p1, URL), (p2, URL)]
+    await store.commit(URL, token, cursor=again.id, acks=[p1, p2], created=again.created_id)
+    assert await unacked(store, URL) == []
+    assert "woke" not in await meta(store, URL)
 
 
 async def test_a_commit_writes_its_fields(store):
@@ -300,6 +327,15 @@ async def test_a_due_timer_fires_once_into_the_log_as_outbox_and_wakes_the_entit
     after = await state(store, URL)
     assert await store.fire_timer(p, token, member) == 0  # fired already
     assert await state(store, URL) == after
+
+
+async def test_concurrent_fires_of_one_timer_fire_it_once(store):
+    _, _, p, token, member = await with_timer(store)
+    before = await log(store, URL)
+    answers = await asyncio.gather(*(store.fire_timer(p, token, member) for _ in range(4)))
+    assert sorted(answers) == [0, 0, 0, 1]
+    assert [e for _, e in await log(store, URL)] == [e for _, e in before] + [b"FIRED"]
+    assert (await meta(store, URL))["timers"] == "0"
 
 
 async def test_a_timer_fired_under_a_taken_over_lease_is_fenced_and_stays(store):

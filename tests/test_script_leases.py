@@ -4,6 +4,8 @@ they leave, on both backends."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.script_helpers import take_over
@@ -45,6 +47,14 @@ async def test_acquire_of_a_lease_held_by_another_worker_is_refused(store):
     assert await store.acquire(0, "w", 60_000) is None  # a prefix of the holder's id
     assert await store.redis.get(k.lease(0)) == b"w1:1"
     assert await store.redis.get(k.epoch(0)) == b"1"
+
+
+async def test_of_workers_acquiring_a_free_lease_at_once_exactly_one_gets_it(store):
+    tokens = await asyncio.gather(*(store.acquire(1, f"w{n}", 60_000) for n in range(5)))
+    [token] = [t for t in tokens if t is not None]
+    assert token.endswith(":1")
+    assert await store.lease_owner(1) == token
+    assert await store.redis.get(store.keys.epoch(1)) == b"1"
 
 
 async def test_every_new_lease_of_a_partition_has_a_greater_epoch(store):

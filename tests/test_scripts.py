@@ -5,6 +5,8 @@ and judged by their exact answers and the exact Redis keys they leave, on both b
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.script_helpers import (
@@ -122,6 +124,48 @@ async def test_a_duplicate_idempotency_key_is_answered_with_the_original_id_and_
     third = await store.append_input(URL, "t", created=b"C", events=[("i", b"m3")])
     assert third.appended and third.id != first.id
     assert [e for _, e in await log(store, URL)] == [b"C", b"m1", b"m3"]
+
+
+async def test_concurrent_sends_with_one_idempotency_key_append_once(store):
+    results = await asyncio.gather(
+        *(
+            store.append_input(URL, "t", created=b"C", events=[("i", b"m")], idempotency_key="k")
+            for _ in range(5)
+        )
+    )
+    [first] = [r for r in results if r.appended]
+    assert results == [
+        first if r.appended else SendResult(first.id, first.created_id, False) for r in results
+    ]
+    assert [e for _, e in await log(store, URL)] == [b"C", b"m"]
+    assert len(await unacked(store, URL)) == 1
+
+
+async def test_a_retried_create_with_its_idempotency_key_is_a_duplicate_even_with_other_args(
+    store,
+):
+    """The idempotency key is checked before the args: the retry gets the original's answer."""
+    first = await store.append_input(
+        URL,
+        "t",
+        created=b"C",
+        events=[("i", b"m")],
+        args=b"A1",
+        mode="create",
+        idempotency_key="k",
+    )
+    before = await state(store, URL)
+    again = await store.append_input(
+        URL,
+        "t",
+        created=b"C",
+        events=[("i", b"m")],
+        args=b"A2",
+        mode="create",
+        idempotency_key="k",
+    )
+    assert again == SendResult(first.id, first.created_id, appended=False)
+    assert await state(store, URL) == before
 
 
 async def test_an_idempotency_key_of_one_entity_does_not_dedupe_another(store):
@@ -302,6 +346,19 @@ async def test_a_second_settle_of_the_same_action_is_refused_and_writes_nothing(
     before = await state(store, URL)
     assert await store.settle_action(URL, "call1", b"LATE ANSWER") is None
     assert await state(store, URL) == before
+    assert (await meta(store, URL))["actions"] == "0"
+
+
+async def test_of_concurrent_settles_of_one_action_exactly_one_wins(store):
+    await pending_action(store, URL)
+    answers = await asyncio.gather(
+        *(store.settle_action(URL, "call1", f"A{n}".encode()) for n in range(4))
+    )
+    [winner] = [a for a in answers if a is not None]
+    assert answers.count(None) == 3
+    [*_, last] = await log(store, URL)
+    assert last[0] == winner and last[1] in {b"A0", b"A1", b"A2", b"A3"}
+    assert len(await log(store, URL)) == 3  # created, m1, the one answer
     assert (await meta(store, URL))["actions"] == "0"
 
 
