@@ -107,3 +107,14 @@ async def state(store: Store, url: str) -> tuple[Any, ...]:
         await r.hgetall(k.timerdata(p)),
         await r.get(k.lease(p)),
     )
+
+
+async def after_millisecond_of(store: Store, stream_id: str) -> None:
+    """Wait until the Redis clock has passed the millisecond of ``stream_id`` (a new
+    stream's ``XADD *`` then makes a greater id). Polls Redis TIME; no fixed sleep."""
+    ms = int(stream_id.split("-")[0])
+    for _ in range(10_000):
+        sec, usec = await store.redis.time()
+        if sec * 1000 + usec // 1000 > ms:
+            return
+    raise AssertionError(f"the Redis clock did not pass {stream_id}")
