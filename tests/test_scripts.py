@@ -6,6 +6,7 @@ and judged by their exact answers and the exact Redis keys they leave, on both b
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -24,6 +25,7 @@ from tests.script_helpers import (
 )
 from wakeful import ArgsConflictError
 from wakeful.store import SendResult, TargetMissingError
+from wakeful.streamids import id_gt
 
 pytestmark = pytest.mark.anyio
 
@@ -459,3 +461,63 @@ async def test_resume_adds_no_second_pointer_while_one_is_unacknowledged(client,
     [pending] = await unacked(store, URL)
     await client.resume(URL)
     assert await unacked(store, URL) == [pending]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_any_mix_of_pointing_scripts_keeps_at_most_one_pointer_and_one_while_work_is_left(
+    store, seed
+):
+    """A seeded random run of what senders, a worker and its timers do to one entity. After
+    every step: at most one unacknowledged pointer, marked by woke; and one whenever input is
+    after the cursor or outbox is undelivered."""
+    rng = random.Random(seed)
+    created, _ = await create(store, URL, b"m0")
+    p, token = await lease(store, URL)
+    held: list[str] = []  # pointers the worker has read and not acknowledged
+    seen_in = ""  # the last input the worker's wake saw
+    calls = timers = 0
+    steps: list[str] = []
+    for _ in range(60):
+        step = rng.choice(
+            ["send", "dup", "create", "read", "ack", "outbox", "deliver", "timer", "settle"]
+        )
+        steps.append(step)
+        if step == "send":
+            await store.append_input(URL, "t", created=b"C", events=[("i", b"m")])
+        elif step == "dup":
+            key = f"k{rng.randrange(3)}"
+            await store.append_input(
+                URL, "t", created=b"C", events=[("i", b"d")], idempotency_key=key
+            )
+        elif step == "create":
+            await store.append_input(URL, "t", created=b"C", events=[("i", b"c")], mode="create")
+        elif step == "read":
+            held += [x.entry_id for x in await store.read_inbox([p], "w1", 10, 100)]
+            seen_in = (await meta(store, URL))["last_in"]
+        elif step == "ack" and held:
+            out = [("o", b"OUT")] if rng.random() < 0.3 else []
+            await store.commit(URL, token, events=out, cursor=seen_in, acks=held, created=created)
+            held = []
+        elif step == "outbox":
+            await store.commit(URL, token, events=[("o", b"OUT")], created=created)
+        elif step == "deliver":
+            out_last = (await meta(store, URL)).get("out_last")
+            if out_last:
+                await store.commit(URL, token, fields={"out_done": out_last}, created=created)
+        elif step == "timer":
+            timers += 1
+            member = f"{URL}|{created}|t{timers}"
+            await store.commit(URL, token, timers=[(member, 0, b"T")], created=created)
+            assert await store.fire_timer(p, token, member) == 1
+        elif step == "settle":
+            calls += 1
+            await store.commit(URL, token, actions=[f"c{calls}"], created=created)
+            assert await store.settle_action(URL, f"c{calls}", b"A") is not None
+        m = await meta(store, URL)
+        pointers = await unacked(store, URL)
+        work = id_gt(m["last_in"], m["cursor"]) or id_gt(
+            m.get("out_last", "0-0"), m.get("out_done", "0-0")
+        )
+        assert len(pointers) <= 1, steps
+        assert ("woke" in m) == (len(pointers) == 1), steps
+        assert not work or len(pointers) == 1, steps
