@@ -54,13 +54,13 @@ from .events import (
     pack,
 )
 from .history import project
-from .keys import Keyspace
+from .keys import RUNTIME_EVENT_MAX_BYTES, Keyspace
 from .live import LiveRecord, decode_live
 from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
-from .status import EntityStatus, status_from_meta
-from .store import Store, TargetMissingError
+from .status import EntityStatus, entity_status
+from .store import EntityMeta, Store, StreamBatch, TargetMissingError
 from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
@@ -90,7 +90,6 @@ class Runtime:
         self.capabilities = list(capabilities or [])
         self.action_authorizer = action_authorizer or default_authorizer
         self._redis = redis
-        self._embedded_server: Any = None
         self.store: Store | None = None
         self.worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
@@ -102,7 +101,7 @@ class Runtime:
     async def start(self) -> Runtime:
         s = self.settings
         if self._redis is None:
-            if self.embedded:
+            if s.redis_url is None:
                 from .embedded import embedded_redis
 
                 self._redis = embedded_redis()
@@ -114,27 +113,38 @@ class Runtime:
         await self.store.setup()
         if self._run_worker:
             self.worker = Worker(self.registry, self.store, s, capabilities=self.capabilities)
+            # The runtime owns the worker task: close() stops it and awaits it (raising
+            # its error), and a start that fails or is cancelled cancels it.
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
-            await self._wait_worker_ready()
+            try:
+                await self._wait_worker_ready(self.worker, self._worker_task)
+            except BaseException:
+                self._worker_task.cancel()
+                await asyncio.wait({self._worker_task})
+                raise
         return self
 
-    async def _wait_worker_ready(self) -> None:
-        assert self.worker is not None and self._worker_task is not None
-        ready = asyncio.create_task(self.worker.ready.wait())
-        await asyncio.wait({ready, self._worker_task}, return_when=asyncio.FIRST_COMPLETED)
-        if self._worker_task.done():
+    @staticmethod
+    async def _wait_worker_ready(worker: Worker, worker_task: asyncio.Task[None]) -> None:
+        """Return once the worker serves; raise its start-up error if it ends first."""
+        async with asyncio.TaskGroup() as group:
+            ready = group.create_task(worker.ready.wait(), name="wakeful-worker-ready")
+            await asyncio.wait({ready, worker_task}, return_when=asyncio.FIRST_COMPLETED)
             ready.cancel()
-            self._worker_task.result()  # raises the worker's startup error
+        if worker_task.done():
+            worker_task.result()  # raises the worker's start-up error
 
     async def close(self) -> None:
-        if self.worker is not None and self._worker_task is not None:
-            self.worker.stop()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker_task
-        if self._notices is not None:
-            await self._notices.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
+        try:
+            if self.worker is not None and self._worker_task is not None:
+                self.worker.stop()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker_task
+        finally:
+            if self._notices is not None:
+                await self._notices.aclose()
+            if self._redis is not None:
+                await self._redis.aclose()
 
     async def __aenter__(self) -> Runtime:
         return await self.start()
@@ -155,8 +165,7 @@ class Runtime:
         if type_name in self.registry:
             return
         if self._published_types is None or type_name not in self._published_types:
-            raw = await self._store.redis.hgetall(self._store.keys.types)
-            self._published_types = {k.decode(): v for k, v in raw.items()}
+            self._published_types = await self._store.published_types()
         if type_name not in self._published_types:
             known = sorted({*self.registry.names(), *self._published_types})
             raise UnknownEntityTypeError(type_name, known)
@@ -261,7 +270,7 @@ class Runtime:
         woken) and its children whose parent-close policy is ``cancel``."""
         event_id = await self._append_existing(url, CancelRequested(reason=reason, by="client"))
         # Stop the run now if a worker is running it; the input covers every other case.
-        await self._store.redis.publish(self._store.keys.cancel_channel(url), reason)
+        await self._store.publish_cancel(url, reason)
         return event_id
 
     async def delete(self, url: str, *, wait: bool = True, timeout: float = 30.0) -> None:
@@ -293,33 +302,21 @@ class Runtime:
     async def resume(self, url: str, *, skip_failed: bool = False) -> None:
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
         moves the cursor past the inputs of the failure (dead-lettering them)."""
-        meta = await self._meta(url)
-        if meta.get("status") != b"failed":
-            raise WakefulError(f"entity {url} is not failed; nothing to resume")
+        not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
+        if not (await self._entity_meta(url)).parked:
+            raise not_failed
         skipped: list[str] = []
         if skip_failed:
             failure = await self._last_failure(url)
             skipped = failure.inputs if failure else []
-        s = self._store
-        k = s.keys
-        fields: dict[str, Any] = {"status": "active", "attempts": 0, "error": ""}
-        cursor = meta["cursor"].decode()
-        for skip in skipped:
-            if id_gt(skip, cursor):
-                cursor = skip
-        fields["cursor"] = cursor
-        fields["woke"] = "1"  # with the pointer added below
-        pipe = s.redis.pipeline(transaction=True)
-        pipe.hset(k.meta(url), mapping=fields)
-        pipe.xadd(k.log(url), {"e": encode_event(Resumed(skipped=skipped), limit=1 << 30)})
-        pipe.xadd(k.inbox(k.partition(url)), {"u": url})
-        await pipe.execute()
+        resumed = encode_event(Resumed(skipped=skipped), limit=RUNTIME_EVENT_MAX_BYTES)
+        if not await self._store.resume(url, resumed, skipped):
+            raise not_failed  # resumed (or deleted) by someone else meanwhile
 
     async def _last_failure(self, url: str) -> EntityFailed | None:
-        entries = await self._store.redis.xrevrange(self._store.keys.log(url), count=200)
-        for entry_id, fields in entries:
+        for entry_id, fields in await self._store.newest_log_entries(url, 200):
             with contextlib.suppress(EventDecodeError):
-                record = decode_entry(entry_id.decode(), fields, url)
+                record = decode_entry(entry_id, fields, url)
                 if isinstance(record.event, EntityFailed):
                     return record.event
         return None
@@ -379,8 +376,8 @@ class Runtime:
     ) -> str:
         action = (await self._folded(url)).system.actions.get(tool_call_id)
         if action is not None and expired(action):
-            event = answer_event(tool_call_id, "expired", None, error="expired before an answer")
-            await self._store.settle_action(url, tool_call_id, encode_event(event))
+            expiry = answer_event(tool_call_id, "expired", None, error="expired before an answer")
+            await self._store.settle_action(url, tool_call_id, encode_event(expiry))
             raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} expired")
         check_answer(
             action,
@@ -414,19 +411,22 @@ class Runtime:
         return list((await self._folded(url)).system.children.values())
 
     async def _meta(self, url: str) -> dict[str, bytes]:
+        """The raw metadata hash (for ``_folded``; everything else reads :meth:`_entity_meta`)."""
         parse_url(url)
         meta = await self._store.meta(url)
         if not meta:
             raise EntityNotFoundError(url)
         return meta
 
-    async def status(self, url: str) -> EntityStatus:
-        return status_from_meta(url, await self._meta(url))
+    async def _entity_meta(self, url: str) -> EntityMeta:
+        parse_url(url)
+        meta = await self._store.entity_meta(url)
+        if meta is None:
+            raise EntityNotFoundError(url)
+        return meta
 
-    async def list(self, type_name: str) -> list[str]:
-        """Urls of all entities of ``type_name``."""
-        await self._check_type(type_name)
-        return await self._store.entity_urls(type_name)
+    async def status(self, url: str) -> EntityStatus:
+        return entity_status(url, await self._entity_meta(url))
 
     async def state(self, url: str) -> dict[str, list[Any]]:
         """The entity's collections as committed (snapshot + log), as plain data."""
@@ -480,31 +480,28 @@ class Runtime:
         with its stream id, never skipped.
         """
         parse_url(url)
-        keys = self._store.keys
-        log_key, live_key = keys.log(url), keys.live(url)
-        positions = {log_key: after or ZERO}
-        if live:
-            positions[live_key] = live_after or await self._live_tail(live_key)
-            follow = True
+        store = self._store
+        log_at = after or ZERO
+        live_at = (live_after or await store.newest_live_id(url)) if live else None
+        follow = follow or live
         while True:
-            batches = await self._store.read_streams(positions, None, READ_COUNT)
-            if not batches and follow:
-                batches = await self._store.read_streams(positions, block_ms, READ_COUNT)
-            if not batches and not follow:
-                return
-            for key, entry_id, fields in _merged(batches, live_key, READ_COUNT):
-                positions[key] = entry_id
-                if key == live_key:
+            batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
+            if batch is None and follow:
+                batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
+            if batch is None:
+                if not follow:
+                    return
+                continue
+            for is_live, entry_id, fields in _merged(batch, READ_COUNT):
+                if is_live:
+                    live_at = entry_id
                     yield decode_live(entry_id, fields)
                     continue
+                log_at = entry_id
                 try:
                     yield decode_entry(entry_id, fields, url)
                 except EventDecodeError as exc:
                     yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
-
-    async def _live_tail(self, key: str) -> str:
-        last = await self._store.redis.xrevrange(key, count=1)
-        return last[0][0].decode() if last else ZERO
 
     async def log_position(self, url: str, *, back: int) -> str | None:
         """The id to pass as ``after`` to read only the last ``back`` entries of the log
@@ -512,14 +509,14 @@ class Runtime:
         parse_url(url)
         if back < 1:
             raise WakefulError(f"back must be at least 1, got {back}")
-        newest = await self._store.redis.xrevrange(self._store.keys.log(url), count=back + 1)
-        return newest[-1][0].decode() if len(newest) > back else None
+        newest = await self._store.newest_log_entries(url, back + 1)
+        return newest[-1][0] if len(newest) > back else None
 
     async def live_position(self, url: str) -> str:
         """The id of the newest live event of ``url``: pass it as ``live_after`` to follow
         only the live output that comes after this moment (take it before sending)."""
         parse_url(url)
-        return await self._live_tail(self._store.keys.live(url))
+        return await self._store.newest_live_id(url)
 
     async def stream_until_idle(
         self,
@@ -538,7 +535,7 @@ class Runtime:
         parse_url(url)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
-        position = {"read": after or ZERO, "tail": None}
+        position: dict[str, str | None] = {"read": after or ZERO, "tail": None}
 
         async def read() -> None:
             try:
@@ -555,34 +552,43 @@ class Runtime:
                 queue.put_nowait(exc)
             queue.put_nowait(done)
 
-        async def watch() -> None:
+        async def watch(reader: asyncio.Task[None]) -> None:
             try:
                 await self.wait_idle(url, timeout=timeout)
-                last = await self._store.redis.xrevrange(self._store.keys.log(url), count=1)
-                tail = position["tail"] = last[0][0].decode() if last else ZERO
-                if not id_gt(tail, position["read"]):
+                last = await self._store.newest_log_entries(url, 1)
+                tail = position["tail"] = last[0][0] if last else ZERO
+                if not id_gt(tail, position["read"] or ZERO):
                     reader.cancel()
                     queue.put_nowait(done)
             except Exception as exc:
                 reader.cancel()
                 queue.put_nowait(exc)
 
-        reader = asyncio.create_task(read())
-        watcher = asyncio.create_task(watch())
-        try:
-            while (item := await queue.get()) is not done:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            for task in (reader, watcher):
-                task.cancel()
-            await asyncio.gather(reader, watcher, return_exceptions=True)
+        # The group owns the reader and the watcher: both end (cancelled if need be)
+        # before this generator does. Neither raises; they report through the queue, and
+        # a failure is raised here, outside the group, as itself.
+        failure: Exception | None = None
+        async with asyncio.TaskGroup() as group:
+            reader = group.create_task(read(), name=f"stream {url}")
+            watcher = group.create_task(watch(reader), name=f"watch {url}")
+            try:
+                while (item := await queue.get()) is not done:
+                    if isinstance(item, Exception):
+                        failure = item
+                        break
+                    yield item
+            except GeneratorExit:
+                pass  # the caller stopped early (aclose): the group still ends its tasks
+            finally:
+                reader.cancel()
+                watcher.cancel()
+        if failure is not None:
+            raise failure
 
     async def types(self) -> list[str]:
         """Entity types known here: this registry's and those workers published."""
-        raw = await self._store.redis.hkeys(self._store.keys.types)
-        return sorted({*self.registry.names(), *(k.decode() for k in raw)})
+        published = await self._store.published_type_names()
+        return sorted({*self.registry.names(), *published})
 
     async def lease_owner(self, url: str) -> str | None:
         """``<worker>:<epoch>`` holding the lease of the partition ``url`` lives in."""
@@ -591,7 +597,7 @@ class Runtime:
 
     async def lag(self, url: str) -> tuple[int, int]:
         """``(inputs, ms)``: inputs appended but not yet handled, and the age of the oldest."""
-        cursor = (await self._meta(url)).get("cursor", b"0-0").decode()
+        cursor = (await self._entity_meta(url)).cursor
         pending, oldest = 0, None
         async for record in self.events(url, after=cursor):
             if isinstance(record, LogRecord) and not record.event.is_input:
@@ -624,7 +630,8 @@ class Runtime:
                     )
                 # A notice wakes us at once; re-check now and then regardless.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(notice.wait(), min(remaining, 0.25))
+                    async with asyncio.timeout(min(remaining, 0.25)):
+                        await notice.wait()
         finally:
             await self._notices.unwatch(channel, notice)
 
@@ -652,13 +659,17 @@ class Runtime:
             raise RunFailedError(url, last.status, last.error)
         return last.response or ""
 
+    # Last, so that ``list`` in the annotations above is the builtin, not this method.
+    async def list(self, type_name: str) -> list[str]:
+        """Urls of all entities of ``type_name``."""
+        await self._check_type(type_name)
+        return await self._store.entity_urls(type_name)
 
-def _merged(
-    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str, count: int
-) -> list[tuple[str, str, dict[bytes, bytes]]]:
+
+def _merged(batch: StreamBatch, count: int) -> list[tuple[bool, str, dict[bytes, bytes]]]:
     """Entries of the log and the live stream in time order (by the millisecond of their
-    ids). Within one millisecond live output comes first: a step's deltas are written
-    before the step is committed.
+    ids), as ``(is_live, id, fields)``. Within one millisecond live output comes first:
+    a step's deltas are written before the step is committed.
 
     A batch of ``count`` entries may have been cut short: entries of the other stream
     later than its last millisecond are left for the next read, which returns the
@@ -668,16 +679,17 @@ def _merged(
     def ms(entry_id: str) -> int:
         return int(entry_id.split("-", 1)[0])
 
-    cut = [ms(batch[-1][0]) for batch in batches.values() if len(batch) >= count]
+    streams = ((True, batch.live), (False, batch.log))
+    cut = [ms(entries[-1][0]) for _, entries in streams if len(entries) >= count]
     until = min(cut) if cut else None
-    entries = [
-        (ms(entry_id), key != live_key, index, key, entry_id, fields)
-        for key, batch in batches.items()
-        for index, (entry_id, fields) in enumerate(batch)
+    merged = [
+        (ms(entry_id), not is_live, index, is_live, entry_id, fields)
+        for is_live, entries in streams
+        for index, (entry_id, fields) in enumerate(entries)
         if until is None or ms(entry_id) <= until
     ]
-    entries.sort(key=lambda e: e[:3])
-    return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]
+    merged.sort(key=lambda e: e[:3])
+    return [(is_live, entry_id, fields) for *_, is_live, entry_id, fields in merged]
 
 
 def _fields(settings: Settings) -> dict[str, Any]:
