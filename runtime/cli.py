@@ -45,6 +45,7 @@ from .errors import WaitTimeoutError, WakefulError
 from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
+from .status import EntityStatus
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
@@ -388,8 +389,7 @@ async def _ls(args: argparse.Namespace) -> int:
         statuses = []
         with err.status(f"reading {len(urls)} entities") if len(urls) > 100 else _nothing():
             for start in range(0, len(urls), 100):
-                chunk = urls[start : start + 100]
-                statuses += await asyncio.gather(*(rt.status(u) for u in chunk))
+                statuses += await _statuses(rt, urls[start : start + 100])
     finally:
         await rt.close()
     if args.json:
@@ -417,6 +417,16 @@ async def _ls(args: argparse.Namespace) -> int:
         )
     out.print(table)
     return OK
+
+
+async def _statuses(rt: Runtime, urls: list[str]) -> list[EntityStatus]:
+    """The status of each of ``urls``, read concurrently; the first error is raised."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            reads = [group.create_task(rt.status(url)) for url in urls]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [read.result() for read in reads]
 
 
 class _nothing:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -60,12 +60,13 @@ from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, entity_status
-from .store import EntityMeta, Store, StreamBatch, TargetMissingError
+from .store import EntityMeta, Store, TargetMissingError
 from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
 
 READ_COUNT = 1000  # entries per stream and read when following an entity
+_LOG, _LIVE = "log", "live"  # the two streams of an entity that events() follows
 
 
 class Runtime:
@@ -470,7 +471,7 @@ class Runtime:
         live: bool = False,
         live_after: str | None = None,
         block_ms: int = 5000,
-    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
         """The entity log after ``after``; with ``follow`` it waits for new events forever.
 
         With ``live=True`` it also follows the live stream (text deltas and tool
@@ -492,8 +493,9 @@ class Runtime:
                 if not follow:
                     return
                 continue
-            for is_live, entry_id, fields in _merged(batch, READ_COUNT):
-                if is_live:
+            streams = {_LOG: batch.log, _LIVE: batch.live}
+            for stream, entry_id, fields in _merged(streams, _LIVE, READ_COUNT):
+                if stream == _LIVE:
                     live_at = entry_id
                     yield decode_live(entry_id, fields)
                     continue
@@ -525,7 +527,7 @@ class Runtime:
         after: str | None = None,
         live_after: str | None = None,
         timeout: float = 60.0,
-    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
         """The log (after ``after``) and live output (after ``live_after``) of ``url``
         until the entity is idle: every input handled, no awaited child running, or
         suspended on pending actions, or failed. Ends once every log entry written up
@@ -666,10 +668,12 @@ class Runtime:
         return await self._store.entity_urls(type_name)
 
 
-def _merged(batch: StreamBatch, count: int) -> list[tuple[bool, str, dict[bytes, bytes]]]:
+def _merged(
+    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str, count: int
+) -> list[tuple[str, str, dict[bytes, bytes]]]:
     """Entries of the log and the live stream in time order (by the millisecond of their
-    ids), as ``(is_live, id, fields)``. Within one millisecond live output comes first:
-    a step's deltas are written before the step is committed.
+    ids). Within one millisecond live output comes first: a step's deltas are written
+    before the step is committed.
 
     A batch of ``count`` entries may have been cut short: entries of the other stream
     later than its last millisecond are left for the next read, which returns the
@@ -679,17 +683,16 @@ def _merged(batch: StreamBatch, count: int) -> list[tuple[bool, str, dict[bytes,
     def ms(entry_id: str) -> int:
         return int(entry_id.split("-", 1)[0])
 
-    streams = ((True, batch.live), (False, batch.log))
-    cut = [ms(entries[-1][0]) for _, entries in streams if len(entries) >= count]
+    cut = [ms(batch[-1][0]) for batch in batches.values() if len(batch) >= count]
     until = min(cut) if cut else None
-    merged = [
-        (ms(entry_id), not is_live, index, is_live, entry_id, fields)
-        for is_live, entries in streams
-        for index, (entry_id, fields) in enumerate(entries)
+    entries = [
+        (ms(entry_id), key != live_key, index, key, entry_id, fields)
+        for key, batch in batches.items()
+        for index, (entry_id, fields) in enumerate(batch)
         if until is None or ms(entry_id) <= until
     ]
-    merged.sort(key=lambda e: e[:3])
-    return [(is_live, entry_id, fields) for *_, is_live, entry_id, fields in merged]
+    entries.sort(key=lambda e: e[:3])
+    return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]
 
 
 def _fields(settings: Settings) -> dict[str, Any]:

@@ -383,7 +383,7 @@ async def _sse(
             kind, data = "live", msgspec.to_builtins(record.event)
         elif isinstance(record, LogRecord):
             log_pos = record.id
-            kind = type(record.event).__struct_config__.tag  # type: ignore[attr-defined]
+            kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(record.event, enc_hook=_raw)
         else:
             assert isinstance(record, UndecodableRecord)
@@ -436,7 +436,7 @@ def _op(
 
 
 _TEXT = {"type": "string"}
-_ANSWERS = [
+_ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "submit",
         "Answer a client tool call with its output (checked against its output schema)",
