@@ -1,6 +1,7 @@
 """All Redis access of the runtime: the scripts and the few plain commands.
 
-Nothing above this module speaks a Redis command, so the data path is:
+:class:`Store` is the only Redis speaker above this layer (its reads are in
+``entity_reads.py``; scripts run through ``script_runner.py``). The data path is:
 client -> :meth:`Store.append_input` (SEND script) -> inbox -> worker
 :meth:`Store.read_inbox` -> :meth:`Store.load` (LOAD script) -> handler ->
 :meth:`Store.commit` (COMMIT script). Replies are decoded in ``replies.py``.
@@ -8,26 +9,63 @@ client -> :meth:`Store.append_input` (SEND script) -> inbox -> worker
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
-from . import lua
-from .batching import AutoPipeline
+from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, FencedError
 from .keys import GROUP, Keyspace
-from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
-from .streamids import ZERO
+from .replies import EntityMeta, Entry, as_str
+from .script_runner import (
+    ACQUIRE,
+    ALL_SCRIPTS,
+    CANCEL_TIMER,
+    COMMIT,
+    DELETE,
+    FIRE,
+    HEARTBEAT,
+    LOAD,
+    RELEASE,
+    RENEW,
+    RESUME,
+    SEND,
+    SETTLE,
+    Script,
+)
 
-__all__ = ["TRANSIENT_ERRORS", "EntityMeta", "Entry", "Loaded", "Pointer", "SendResult", "Store"]
+__all__ = [  # the scripts too, for tests that run them one by one
+    "ACQUIRE",
+    "ALL_SCRIPTS",
+    "CANCEL_TIMER",
+    "COMMIT",
+    "DELETE",
+    "FIRE",
+    "HEARTBEAT",
+    "LOAD",
+    "RELEASE",
+    "RENEW",
+    "RESUME",
+    "SEND",
+    "SETTLE",
+    "TRANSIENT_ERRORS",
+    "EntityGoneError",
+    "EntityMeta",
+    "Entry",
+    "Loaded",
+    "Pointer",
+    "Script",
+    "SendResult",
+    "Store",
+    "StreamBatch",
+    "TargetMissingError",
+]
 
 # The store's connections speak RESP2 and do not decode (decode_responses=False), so
 # replies are lists and bytes; redis-py's annotations cover every protocol and mode,
@@ -38,42 +76,6 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
-)
-
-
-class Script:
-    """A Lua script and its SHA1, to run it by ``EVALSHA``."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-
-SEND = Script(lua.SEND)
-LOAD = Script(lua.LOAD)
-COMMIT = Script(lua.COMMIT)
-ACQUIRE = Script(lua.ACQUIRE)
-RENEW = Script(lua.RENEW)
-RELEASE = Script(lua.RELEASE)
-HEARTBEAT = Script(lua.HEARTBEAT)
-FIRE = Script(lua.FIRE)
-DELETE = Script(lua.DELETE)
-CANCEL_TIMER = Script(lua.CANCEL_TIMER)
-SETTLE = Script(lua.SETTLE)
-RESUME = Script(lua.RESUME)
-ALL_SCRIPTS = (
-    SEND,
-    LOAD,
-    COMMIT,
-    FIRE,
-    DELETE,
-    CANCEL_TIMER,
-    SETTLE,
-    RESUME,
-    ACQUIRE,
-    RENEW,
-    RELEASE,
-    HEARTBEAT,
 )
 
 
@@ -93,24 +95,6 @@ class SendResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Loaded:
-    """What a wake reads: the metadata, the snapshot and the log after it."""
-
-    meta: dict[str, bytes]  # the raw hash (empty if the entity is gone)
-    info: EntityMeta | None  # the same, parsed (None if the entity is gone)
-    snapshot: bytes | None
-    entries: list[Entry]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamBatch:
-    """New entries of an entity's log and live stream (see :meth:`Store.read_entity`)."""
-
-    log: list[Entry]
-    live: list[Entry]
-
-
-@dataclass(frozen=True, slots=True)
 class Pointer:
     """A wake pointer read from a partition inbox."""
 
@@ -119,14 +103,15 @@ class Pointer:
     url: str
 
 
-class Store:
-    """The runtime's one Redis speaker: scripts for every atomic change, plain reads."""
+class Store(EntityReads):
+    """The runtime's one Redis speaker: scripts for every atomic change, plain reads.
+
+    The reads of entity data are in :class:`~wakeful.entity_reads.EntityReads`.
+    """
 
     def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
-        self.redis = redis
-        self.keys = keys
+        super().__init__(redis, keys)
         self.idempotency_ttl_ms = idempotency_ttl_ms
-        self.batch = AutoPipeline(redis)
 
     # -- setup ---------------------------------------------------------------
 
@@ -141,31 +126,6 @@ class Store:
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
-
-    async def load_scripts(self) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for script in ALL_SCRIPTS:
-            pipe.script_load(script.source)
-        await pipe.execute()
-
-    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a script through the auto-pipeline, reloading it after a Redis restart."""
-
-        def stage(pipe: Pipeline) -> None:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-
-        for attempt in (0, 1):
-            try:
-                return await self.batch.execute(stage)
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self.load_scripts()
-            except ResponseError as exc:
-                if attempt or "NOSCRIPT" not in str(exc):
-                    raise
-                await self.load_scripts()
-        raise AssertionError("unreachable")
 
     # -- inputs --------------------------------------------------------------
 
@@ -228,90 +188,6 @@ class Store:
             [url, resumed, *skipped],
         )
         return int(reply) == 1
-
-    # -- reading -------------------------------------------------------------
-
-    async def load(self, url: str, after: str | None, page: int = 1000) -> Loaded:
-        """Metadata plus the log after ``after`` (or after the snapshot when None)."""
-        k = self.keys
-        meta_flat, snapshot, raw = await self._run(
-            LOAD, [k.meta(url), k.snap(url), k.log(url)], [after or "", page]
-        )
-        meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
-        log = stream_entries(raw)
-        while len(raw) == page:
-            raw = await self.redis.xrange(k.log(url), f"({log[-1][0]}", "+", count=page)
-            log.extend(stream_entries(raw))
-        return Loaded(meta, parse_meta(meta), snapshot, log)
-
-    async def read_log(self, url: str, after: str | None = None, count: int = 1000) -> list[Entry]:
-        start = f"({after}" if after and after != ZERO else "-"
-        return stream_entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
-
-    async def newest_log_entries(self, url: str, count: int) -> list[Entry]:
-        """The last ``count`` entries of the entity's log, newest first."""
-        return stream_entries(await self.redis.xrevrange(self.keys.log(url), count=count))
-
-    async def newest_live_id(self, url: str) -> str:
-        """The id of the newest entry of the entity's live stream (``0-0`` if none)."""
-        last = stream_entries(await self.redis.xrevrange(self.keys.live(url), count=1))
-        return last[0][0] if last else ZERO
-
-    async def append_live(self, url: str, events: list[bytes], maxlen: int = 1000) -> None:
-        key = self.keys.live(url)
-
-        def stage(pipe: Pipeline) -> None:
-            for data in events:
-                pipe.xadd(key, {"e": data}, maxlen=maxlen, approximate=True)
-
-        await self.batch.execute(stage)
-
-    async def read_entity(
-        self, url: str, log_after: str, live_after: str | None, block_ms: int | None, count: int
-    ) -> StreamBatch | None:
-        """New entries of the entity's log after ``log_after`` and, unless ``live_after``
-        is None, of its live stream after ``live_after``: one XREAD (both keys are in
-        the entity's partition), blocking up to ``block_ms``. None if there are none."""
-        log_key, live_key = self.keys.log(url), self.keys.live(url)
-        positions: dict[KeyT, StreamIdT] = {log_key: log_after}
-        if live_after is not None:
-            positions[live_key] = live_after
-        reply = cast(
-            "list[list[Any]] | None",
-            await self.redis.xread(positions, count=count, block=block_ms),
-        )
-        if not reply:
-            return None
-        by_key = {as_str(key): stream_entries(raw) for key, raw in reply}
-        return StreamBatch(by_key.get(log_key, []), by_key.get(live_key, []))
-
-    async def meta(self, url: str) -> dict[str, bytes]:
-        """The raw metadata hash (empty if there is no such entity)."""
-        raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.meta(url)))
-        return {as_str(f): v for f, v in raw.items()}
-
-    async def entity_meta(self, url: str) -> EntityMeta | None:
-        """The parsed metadata (None if there is no such entity)."""
-        return parse_meta(await self.meta(url))
-
-    async def snapshot(self, url: str) -> bytes | None:
-        return cast("bytes | None", await self.redis.get(self.keys.snap(url)))
-
-    async def entity_urls(self, type_name: str) -> list[str]:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.smembers(self.keys.typeset(p, type_name))
-        members = await pipe.execute()
-        return sorted(as_str(url) for group in members for url in group)
-
-    async def published_types(self) -> dict[str, bytes]:
-        """Manifests the workers published: type name -> manifest JSON."""
-        raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.types))
-        return {as_str(name): manifest for name, manifest in raw.items()}
-
-    async def published_type_names(self) -> list[str]:
-        """Names of the types the workers published."""
-        return [as_str(name) for name in await self.redis.hkeys(self.keys.types)]
 
     # -- commits -------------------------------------------------------------
 
