@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -53,20 +54,18 @@ from .events import (
     encode_event,
     pack,
 )
+from .following import follow_entity, until_idle
 from .history import project
 from .keys import RUNTIME_EVENT_MAX_BYTES, Keyspace
-from .live import LiveRecord, decode_live
+from .live import LiveRecord
 from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, entity_status
 from .store import EntityMeta, Store, TargetMissingError
-from .streamids import ZERO, id_gt
+from .streamids import id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
-
-READ_COUNT = 1000  # entries per stream and read when following an entity
-_LOG, _LIVE = "log", "live"  # the two streams of an entity that events() follows
 
 
 class Runtime:
@@ -481,29 +480,18 @@ class Runtime:
         with its stream id, never skipped.
         """
         parse_url(url)
-        store = self._store
-        log_at = after or ZERO
-        live_at = (live_after or await store.newest_live_id(url)) if live else None
-        follow = follow or live
-        while True:
-            batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
-            if batch is None and follow:
-                batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
-            if batch is None:
-                if not follow:
-                    return
-                continue
-            streams = {_LOG: batch.log, _LIVE: batch.live}
-            for stream, entry_id, fields in _merged(streams, _LIVE, READ_COUNT):
-                if stream == _LIVE:
-                    live_at = entry_id
-                    yield decode_live(entry_id, fields)
-                    continue
-                log_at = entry_id
-                try:
-                    yield decode_entry(entry_id, fields, url)
-                except EventDecodeError as exc:
-                    yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+        records = follow_entity(
+            self._store,
+            url,
+            after=after,
+            follow=follow,
+            live=live,
+            live_after=live_after,
+            block_ms=block_ms,
+        )
+        async with contextlib.aclosing(records):
+            async for record in records:
+                yield record
 
     async def log_position(self, url: str, *, back: int) -> str | None:
         """The id to pass as ``after`` to read only the last ``back`` entries of the log
@@ -535,57 +523,12 @@ class Runtime:
         ``timeout`` seconds without reaching idle.
         """
         parse_url(url)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        done = object()
-        position: dict[str, str | None] = {"read": after or ZERO, "tail": None}
-
-        async def read() -> None:
-            try:
-                records = self.events(url, after=after, live=True, live_after=live_after)
-                async for record in records:
-                    queue.put_nowait(record)
-                    if isinstance(record, LiveRecord):
-                        continue
-                    position["read"] = record.id
-                    tail = position["tail"]
-                    if tail is not None and not id_gt(tail, record.id):
-                        break
-            except Exception as exc:
-                queue.put_nowait(exc)
-            queue.put_nowait(done)
-
-        async def watch(reader: asyncio.Task[None]) -> None:
-            try:
-                await self.wait_idle(url, timeout=timeout)
-                last = await self._store.newest_log_entries(url, 1)
-                tail = position["tail"] = last[0][0] if last else ZERO
-                if not id_gt(tail, position["read"] or ZERO):
-                    reader.cancel()
-                    queue.put_nowait(done)
-            except Exception as exc:
-                reader.cancel()
-                queue.put_nowait(exc)
-
-        # The group owns the reader and the watcher: both end (cancelled if need be)
-        # before this generator does. Neither raises; they report through the queue, and
-        # a failure is raised here, outside the group, as itself.
-        failure: Exception | None = None
-        async with asyncio.TaskGroup() as group:
-            reader = group.create_task(read(), name=f"stream {url}")
-            watcher = group.create_task(watch(reader), name=f"watch {url}")
-            try:
-                while (item := await queue.get()) is not done:
-                    if isinstance(item, Exception):
-                        failure = item
-                        break
-                    yield item
-            except GeneratorExit:
-                pass  # the caller stopped early (aclose): the group still ends its tasks
-            finally:
-                reader.cancel()
-                watcher.cancel()
-        if failure is not None:
-            raise failure
+        records = self.events(url, after=after, live=True, live_after=live_after)
+        idle = functools.partial(self.wait_idle, url, timeout=timeout)
+        stream = until_idle(self._store, url, records, after=after, idle=idle)
+        async with contextlib.aclosing(stream):  # its tasks end when this generator does
+            async for record in stream:
+                yield record
 
     async def types(self) -> list[str]:
         """Entity types known here: this registry's and those workers published."""
@@ -666,33 +609,6 @@ class Runtime:
         """Urls of all entities of ``type_name``."""
         await self._check_type(type_name)
         return await self._store.entity_urls(type_name)
-
-
-def _merged(
-    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str, count: int
-) -> list[tuple[str, str, dict[bytes, bytes]]]:
-    """Entries of the log and the live stream in time order (by the millisecond of their
-    ids). Within one millisecond live output comes first: a step's deltas are written
-    before the step is committed.
-
-    A batch of ``count`` entries may have been cut short: entries of the other stream
-    later than its last millisecond are left for the next read, which returns the
-    rest of the cut stream first.
-    """
-
-    def ms(entry_id: str) -> int:
-        return int(entry_id.split("-", 1)[0])
-
-    cut = [ms(batch[-1][0]) for batch in batches.values() if len(batch) >= count]
-    until = min(cut) if cut else None
-    entries = [
-        (ms(entry_id), key != live_key, index, key, entry_id, fields)
-        for key, batch in batches.items()
-        for index, (entry_id, fields) in enumerate(batch)
-        if until is None or ms(entry_id) <= until
-    ]
-    entries.sort(key=lambda e: e[:3])
-    return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]
 
 
 def _fields(settings: Settings) -> dict[str, Any]:

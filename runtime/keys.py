@@ -26,6 +26,9 @@ key                                         what
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
 ``<prefix>:config``                         keyspace settings (partition count)
 ``<prefix>:types``                          manifests published by workers (hash)
+``<prefix>:idle:<url>``                     pub/sub: the entity's commits changed its
+                                            progress (waiters re-check its status)
+``<prefix>:cancel:<url>``                   pub/sub: cancel the entity's running run
 ==========================================  =========================================
 """
 
@@ -45,6 +48,8 @@ in effect, none of Wakeful's."""
 
 
 class Keyspace:
+    """Every key and channel name of one keyspace (``prefix``, ``partitions``)."""
+
     def __init__(self, prefix: str = "wk", partitions: int = 16) -> None:
         self.prefix = prefix
         self.partitions = partitions
