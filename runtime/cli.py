@@ -38,11 +38,11 @@ import msgspec
 import redis.exceptions
 
 from . import terminal
-from .actions import ActionNotPendingError
-from .cli_parser import build_parser
+from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
+from .cli_reply import follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
-from .errors import WaitTimeoutError, WakefulError
+from .errors import WakefulError
 from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
@@ -50,17 +50,6 @@ from .status import EntityStatus
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
-
-# Exit codes.
-OK = 0
-ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
-USAGE = 2  # argparse
-RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
-SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
-TIMED_OUT = 5  # ask: not idle within --timeout
-UNREACHABLE = 6  # Redis did not answer
-INTERRUPTED = 130
-BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
 def load_registry(spec: str) -> Registry:
@@ -88,17 +77,6 @@ def _settings(args: argparse.Namespace) -> Settings:
             "(from --redis or WAKEFUL_REDIS_URL)"
         )
     return settings
-
-
-def _identity(args: argparse.Namespace) -> dict[str, str] | None:
-    pairs = getattr(args, "identity", None) or []
-    identity = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise WakefulError(f"--identity {pair!r} must be KEY=VALUE")
-        identity[key] = value
-    return identity or None
 
 
 async def _client(args: argparse.Namespace) -> Runtime:
@@ -192,7 +170,7 @@ async def _send(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
         event_id = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
         )
     finally:
         await rt.close()
@@ -208,145 +186,11 @@ async def _ask(args: argparse.Namespace) -> int:
     try:
         live_after = await rt.live_position(args.url)
         sent = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
         )
-        return await _follow_reply(rt, args, after=sent, live_after=live_after)
+        return await follow_reply(rt, args, after=sent, live_after=live_after)
     finally:
         await rt.close()
-
-
-async def _follow_reply(
-    rt: Runtime, args: argparse.Namespace, *, after: str, live_after: str
-) -> int:
-    """Stream what the entity does until it is idle; answer approvals on a terminal."""
-    printer = terminal.ReplyPrinter()
-    while True:
-        try:
-            after, live_after = await _stream(rt, args, printer, after, live_after)
-        except WaitTimeoutError as exc:
-            printer.finish()
-            return _ask_result(args, "timed out", TIMED_OUT, error=str(exc))
-        printer.finish()
-        status = await rt.status(args.url)
-        if status.status == "failed":
-            return _ask_result(args, "failed", RUN_FAILED, error=status.error)
-        if not status.pending_actions:
-            break
-        pending = await rt.pending_actions(args.url)
-        if not await _answer_interactively(rt, args, pending):
-            if not args.json:
-                err.print(terminal.actions_table(pending))
-                err.print(
-                    f"[yellow]the run is suspended; answer with "
-                    f"`wakeful approve {args.url} CALL` or `wakeful deny {args.url} CALL`[/]"
-                )
-            return _ask_result(args, "suspended", SUSPENDED, pending=pending)
-    run = printer.last_run
-    if run is None:
-        return _ask_result(args, "no run", ERROR, error="no run finished after the message")
-    code = OK if run.status == "completed" else RUN_FAILED
-    return _ask_result(args, run.status, code, response=run.response, error=run.error)
-
-
-async def _stream(
-    rt: Runtime,
-    args: argparse.Namespace,
-    printer: terminal.ReplyPrinter,
-    after: str,
-    live_after: str,
-) -> tuple[str, str]:
-    waiting = None if args.json else err.status(f"waiting for {args.url}", spinner="dots")
-    if waiting is not None:
-        waiting.start()
-    records = rt.stream_until_idle(
-        args.url, after=after, live_after=live_after, timeout=args.timeout
-    )
-    try:
-        async for record in records:
-            if waiting is not None:
-                waiting.stop()
-                waiting = None
-            if isinstance(record, LiveRecord):
-                live_after = record.id
-            else:
-                after = record.id
-            if args.json:
-                if isinstance(record, LogRecord):
-                    printer.last_run = _run_of(record) or printer.last_run
-            else:
-                printer.handle(record)
-    finally:
-        await records.aclose()
-        if waiting is not None:
-            waiting.stop()
-    return after, live_after
-
-
-def _run_of(record: LogRecord) -> Any:
-    from .events import RunFinished
-
-    return record.event if isinstance(record.event, RunFinished) else None
-
-
-async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: list[Any]) -> bool:
-    """Ask the operator about each pending approval; True if any answer was given (or
-    someone else answered first), so the run goes on and is followed further."""
-    if args.json or args.no_input or not sys.stdin.isatty():
-        return False
-    from rich.prompt import Confirm, Prompt
-
-    answered = False
-    for action in (a for a in pending if a.kind == "approval"):
-        question = (
-            f"[yellow]approve[/] {terminal.escape(action.tool)} "
-            f"{terminal.escape(terminal.short(action.input))} ([dim]{action.tool_call_id}[/])?"
-        )
-        try:
-            if _prompt(Confirm.ask, question, console=err):
-                await rt.approve(args.url, action.tool_call_id, identity=_identity(args))
-            else:
-                reason = _prompt(
-                    Prompt.ask, "reason", console=err, default="denied by the operator"
-                )
-                await rt.deny(args.url, action.tool_call_id, reason, identity=_identity(args))
-        except ActionNotPendingError:
-            err.print(f"[dim]{action.tool_call_id} was answered meanwhile[/]")
-        answered = True
-    return answered
-
-
-def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
-    """Prompt in the main thread with Python's own Ctrl-C handling (asyncio's handler
-    only cancels the main task, which a blocking ``input()`` never notices)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return ask(*args, **kwargs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _ask_result(
-    args: argparse.Namespace,
-    status: str,
-    code: int,
-    *,
-    response: str | None = None,
-    error: str | None = None,
-    pending: list[Any] | None = None,
-) -> int:
-    if args.json:
-        terminal.print_json(
-            {
-                "url": args.url,
-                "status": status,
-                "response": response,
-                "error": error,
-                "pending_actions": pending or [],
-            }
-        )
-    elif code not in (OK, SUSPENDED):
-        err.print(f"[red]{status}[/]" + (f": {terminal.escape(error)}" if error else ""))
-    return code
 
 
 # -- reading ------------------------------------------------------------------------
@@ -520,7 +364,7 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
     rt = await _client(args)
     try:
         live_after = await rt.live_position(args.url)
-        identity = _identity(args)
+        identity = identity_of(args)
         if decision == "approved":
             event_id = await rt.approve(
                 args.url, args.call, edited_input=edited_input, identity=identity
@@ -535,7 +379,7 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
             else:
                 out.print(f"{decision} {args.call} of {args.url}: {event_id}")
             return OK
-        return await _follow_reply(rt, args, after=event_id, live_after=live_after)
+        return await follow_reply(rt, args, after=event_id, live_after=live_after)
     finally:
         await rt.close()
 

@@ -1,12 +1,23 @@
-"""The ``wakeful`` command line's arguments: one sub-command per operation.
+"""The ``wakeful`` command line's surface: its exit codes and arguments.
 
 ``cli.py`` runs the commands; this module only declares them (names, flags and
-help texts), so the whole command surface reads in one place.
+help texts, and what each exit code means), so the whole surface reads in one place.
 """
 
 from __future__ import annotations
 
 import argparse
+
+# Exit codes.
+OK = 0
+ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
+USAGE = 2  # argparse
+RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
+SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
+TIMED_OUT = 5  # ask: not idle within --timeout
+UNREACHABLE = 6  # Redis did not answer
+INTERRUPTED = 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
