@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncGenerator
@@ -18,14 +19,11 @@ import msgspec
 from redis.asyncio import Redis
 
 from .actions import (
-    ActionNotPendingError,
     Authorizer,
-    answer_event,
-    check_answer,
     check_client_tools,
     default_authorizer,
-    expired,
 )
+from .client_actions import PendingActions
 from .config import Settings
 from .connection import connect
 from .contracts import Capability
@@ -39,7 +37,6 @@ from .errors import (
     WakefulError,
 )
 from .events import (
-    ActionRequested,
     CancelRequested,
     Created,
     DeleteRequested,
@@ -68,7 +65,7 @@ from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
 
 
-class Runtime:
+class Runtime(PendingActions):
     def __init__(
         self,
         registry: Registry | None = None,
@@ -82,7 +79,7 @@ class Runtime:
     ) -> None:
         base = settings or Settings.from_env()
         if redis_url is not None:
-            base = Settings(**{**_fields(base), "redis_url": redis_url})
+            base = dataclasses.replace(base, redis_url=redis_url)
         self.settings = base
         self.registry = registry or Registry()
         self.embedded = redis is None and base.redis_url is None
@@ -323,81 +320,6 @@ class Runtime:
 
     # -- reading ---------------------------------------------------------------
 
-    # -- pending actions (client tools and approvals) ----------------------------
-
-    async def pending_actions(self, url: str) -> list[ActionRequested]:
-        """Tool calls of ``url`` that wait for a client's output or an approval."""
-        return list((await self._folded(url)).system.actions.values())
-
-    async def submit_tool_result(
-        self, url: str, tool_call_id: str, output: Any, *, identity: dict[str, str] | None = None
-    ) -> str:
-        """Answer a client-routed tool call. The output is checked against the tool's
-        output schema first: an invalid one is refused and the action stays pending."""
-        return await self._answer(url, tool_call_id, "output", identity, output=output)
-
-    async def fail_action(
-        self, url: str, tool_call_id: str, error: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        return await self._answer(url, tool_call_id, "failed", identity, error=error)
-
-    async def cancel_action(
-        self, url: str, tool_call_id: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        return await self._answer(url, tool_call_id, "cancelled", identity, error="cancelled")
-
-    async def approve(
-        self,
-        url: str,
-        tool_call_id: str,
-        *,
-        edited_input: Any = None,
-        identity: dict[str, str] | None = None,
-    ) -> str:
-        """Approve a call waiting for approval; ``edited_input`` replaces its input
-        (checked against the tool's input schema)."""
-        return await self._answer(
-            url, tool_call_id, "approved", identity, edited_input=edited_input
-        )
-
-    async def deny(
-        self, url: str, tool_call_id: str, reason: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        """Deny a call waiting for approval; the model gets ``reason`` and can act on it."""
-        return await self._answer(url, tool_call_id, "denied", identity, error=reason)
-
-    async def _answer(
-        self,
-        url: str,
-        tool_call_id: str,
-        decision: str,
-        identity: dict[str, str] | None,
-        **fields: Any,
-    ) -> str:
-        action = (await self._folded(url)).system.actions.get(tool_call_id)
-        if action is not None and expired(action):
-            expiry = answer_event(tool_call_id, "expired", None, error="expired before an answer")
-            await self._store.settle_action(url, tool_call_id, encode_event(expiry))
-            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} expired")
-        check_answer(
-            action,
-            url,
-            tool_call_id,
-            decision,
-            identity,
-            self.action_authorizer,
-            **{k: v for k, v in fields.items() if k in ("output", "edited_input")},
-        )
-        event = encode_event(
-            answer_event(tool_call_id, decision, identity, **fields),
-            limit=self.settings.max_event_bytes,
-            what=f"answer to tool call {tool_call_id!r}",
-        )
-        event_id = await self._store.settle_action(url, tool_call_id, event)
-        if event_id is None:
-            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
-        return event_id
-
     async def history(self, url: str) -> list[HistoryEvent]:
         """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""
         return list((await self._folded(url)).system.history)
@@ -609,9 +531,3 @@ class Runtime:
         """Urls of all entities of ``type_name``."""
         await self._check_type(type_name)
         return await self._store.entity_urls(type_name)
-
-
-def _fields(settings: Settings) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
