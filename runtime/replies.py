@@ -8,17 +8,20 @@ caller picks fields out of a ``dict[str, bytes]`` and decodes them ad hoc.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .streamids import ZERO, id_gt
+
+_ZERO = ZERO.encode()
 
 Entry = tuple[str, dict[bytes, bytes]]
 """A stream entry: its id and its fields."""
 
 
 def as_str(value: bytes | str) -> str:
-    """A reply value as text (replies are bytes; fakeredis sometimes answers str)."""
+    """A reply value as text (the store's connections answer bytes; str passes through)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -32,13 +35,14 @@ def stream_entries(raw: list[Any] | None) -> list[Entry]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class EntityMeta:
+class EntityMeta(msgspec.Struct, frozen=True):
     """An entity's metadata hash (``<prefix>:{pN}:meta:<url>``), parsed.
 
     Attribute names say what a field holds; the Redis field names stay as they
     are so existing data stays readable (``created`` holds the incarnation id,
-    ``last_in`` the last input, ``waiting`` the awaited children, ...).
+    ``last_in`` the last input, ``waiting`` the awaited children, ...). A
+    struct, not a dataclass: it is built on every wake, and a frozen dataclass
+    takes about twenty times as long to construct.
     """
 
     type: str
@@ -70,36 +74,30 @@ class EntityMeta:
         return id_gt(self.out_last, self.out_done)
 
 
-def _field(fields: dict[str, bytes], name: str) -> str:
-    value = fields.get(name)
-    return as_str(value) if value else ""
-
-
-def _number(fields: dict[str, bytes], name: str) -> int:
-    return int(fields.get(name) or 0)
-
-
 def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
-    """The metadata hash as :class:`EntityMeta`; None if it is empty (no such entity)."""
+    """The metadata hash as :class:`EntityMeta`; None if it is empty (no such entity).
+
+    Runs on every wake, so each field is decoded inline (one lookup, one decode)."""
     if not fields:
         return None
+    get = fields.get
     return EntityMeta(
-        type=_field(fields, "type"),
-        status=_field(fields, "status"),
-        cursor=_field(fields, "cursor") or ZERO,
-        incarnation=_field(fields, "created"),
-        last_input=_field(fields, "last_in") or ZERO,
-        args=fields.get("args") or b"",
-        parent=_field(fields, "parent") or None,
-        out_last=_field(fields, "out_last") or ZERO,
-        out_done=_field(fields, "out_done") or ZERO,
-        snapshot_upto=_field(fields, "snap_upto") or None,
-        snapshot_out=_field(fields, "snap_out") or ZERO,
-        attempts=_number(fields, "attempts"),
-        error=_field(fields, "error") or None,
-        partial=_field(fields, "partial"),
-        awaited_children=_number(fields, "waiting"),
-        timers=_number(fields, "timers"),
-        pending_actions=_number(fields, "actions"),
-        has_pointer=bool(fields.get("woke")),
+        type=(get("type") or b"").decode(),
+        status=(get("status") or b"").decode(),
+        cursor=(get("cursor") or _ZERO).decode(),
+        incarnation=(get("created") or b"").decode(),
+        last_input=(get("last_in") or _ZERO).decode(),
+        args=get("args") or b"",
+        parent=(get("parent") or b"").decode() or None,
+        out_last=(get("out_last") or _ZERO).decode(),
+        out_done=(get("out_done") or _ZERO).decode(),
+        snapshot_upto=(get("snap_upto") or b"").decode() or None,
+        snapshot_out=(get("snap_out") or _ZERO).decode(),
+        attempts=int(get("attempts") or 0),
+        error=(get("error") or b"").decode() or None,
+        partial=(get("partial") or b"").decode(),
+        awaited_children=int(get("waiting") or 0),
+        timers=int(get("timers") or 0),
+        pending_actions=int(get("actions") or 0),
+        has_pointer=bool(get("woke")),
     )
