@@ -57,7 +57,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             var = f"WAKEFUL_{f.name.upper()}"
             if var not in env:
@@ -71,4 +71,4 @@ class Settings:
                     f"environment variable {var}={raw!r} is not a valid {kind.__name__}"
                 ) from None
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
