@@ -276,11 +276,27 @@ class Runtime(PendingActions):
         await self._append_existing(url, DeleteRequested(by="client"))
         if not wait:
             return
-        deadline = time.monotonic() + timeout
-        while await self._store.meta(url):
-            if time.monotonic() > deadline:
-                raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
-            await asyncio.sleep(0.02)
+        await self._wait_deleted(url, timeout)
+
+    async def _wait_deleted(self, url: str, timeout: float) -> None:
+        # The DELETE script publishes on the entity's idle channel.
+        channel = self._store.keys.idle_channel(url)
+        assert self._notices is not None
+        notice = await self._notices.watch(channel)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    notice.clear()
+                    if not await self._store.meta(url):
+                        return
+                    # A notice wakes us at once; re-check now and then regardless.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.25):
+                            await notice.wait()
+        except TimeoutError:
+            raise WaitTimeoutError(f"{url} was not deleted within {timeout}s") from None
+        finally:
+            await self._notices.unwatch(channel, notice)
 
     async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
         parsed = parse_url(url)
