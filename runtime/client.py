@@ -12,8 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from redis.asyncio import Redis
@@ -63,6 +63,8 @@ from .store import EntityMeta, Store, TargetMissingError
 from .streamids import id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
+
+T = TypeVar("T")
 
 
 class Runtime(PendingActions):
@@ -276,27 +278,12 @@ class Runtime(PendingActions):
         await self._append_existing(url, DeleteRequested(by="client"))
         if not wait:
             return
-        await self._wait_deleted(url, timeout)
 
-    async def _wait_deleted(self, url: str, timeout: float) -> None:
-        # The DELETE script publishes on the entity's idle channel.
-        channel = self._store.keys.idle_channel(url)
-        assert self._notices is not None
-        notice = await self._notices.watch(channel)
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    notice.clear()
-                    if not await self._store.meta(url):
-                        return
-                    # A notice wakes us at once; re-check now and then regardless.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(0.25):
-                            await notice.wait()
-        except TimeoutError:
-            raise WaitTimeoutError(f"{url} was not deleted within {timeout}s") from None
-        finally:
-            await self._notices.unwatch(channel, notice)
+        async def gone() -> bool | None:
+            return True if not await self._store.meta(url) else None
+
+        if await self._until_notified(url, timeout, gone) is None:
+            raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
 
     async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
         parsed = parse_url(url)
@@ -493,6 +480,29 @@ class Runtime(PendingActions):
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
         """Wait until the entity is idle: every input sent so far handled, its effects
         delivered, no timers pending, and no child it awaits still running; or failed."""
+        last: EntityStatus | None = None
+
+        async def settled() -> EntityStatus | None:
+            nonlocal last
+            last = await self.status(url)
+            return last if last.status in ("idle", "failed") else None
+
+        status = await self._until_notified(url, timeout, settled)
+        if status is not None:
+            return status
+        assert last is not None
+        raise WaitTimeoutError(
+            f"{url} is still {last.status} after {timeout}s (cursor {last.cursor}, last "
+            f"input {last.last_input}, awaited children {last.awaited_children}, timers "
+            f"{last.timers}, undelivered effects {last.undelivered})"
+        )
+
+    async def _until_notified(
+        self, url: str, timeout: float, check: Callable[[], Awaitable[T | None]]
+    ) -> T | None:
+        """``check()`` until it gives a value: at once, on every notice on the entity's
+        idle channel (its commits and its deletion publish there) and every quarter
+        second regardless. None if ``timeout`` seconds pass first (after a last check)."""
         deadline = time.monotonic() + timeout
         channel = self._store.keys.idle_channel(url)
         assert self._notices is not None
@@ -500,18 +510,12 @@ class Runtime(PendingActions):
         try:
             while True:
                 notice.clear()
-                status = await self.status(url)
-                if status.status in ("idle", "failed"):
-                    return status
+                result = await check()
+                if result is not None:
+                    return result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WaitTimeoutError(
-                        f"{url} is still {status.status} after {timeout}s (cursor "
-                        f"{status.cursor}, last input {status.last_input}, awaited children "
-                        f"{status.awaited_children}, timers {status.timers}, undelivered "
-                        f"effects {status.undelivered})"
-                    )
-                # A notice wakes us at once; re-check now and then regardless.
+                    return None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(remaining, 0.25)):
                         await notice.wait()
