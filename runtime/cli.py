@@ -38,27 +38,18 @@ import msgspec
 import redis.exceptions
 
 from . import terminal
-from .actions import ActionNotPendingError
+from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
+from .cli_reply import follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
-from .errors import WaitTimeoutError, WakefulError
+from .errors import WakefulError
 from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
+from .status import EntityStatus
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
-
-# Exit codes.
-OK = 0
-ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
-USAGE = 2  # argparse
-RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
-SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
-TIMED_OUT = 5  # ask: not idle within --timeout
-UNREACHABLE = 6  # Redis did not answer
-INTERRUPTED = 130
-BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
 def load_registry(spec: str) -> Registry:
@@ -86,17 +77,6 @@ def _settings(args: argparse.Namespace) -> Settings:
             "(from --redis or WAKEFUL_REDIS_URL)"
         )
     return settings
-
-
-def _identity(args: argparse.Namespace) -> dict[str, str] | None:
-    pairs = getattr(args, "identity", None) or []
-    identity = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise WakefulError(f"--identity {pair!r} must be KEY=VALUE")
-        identity[key] = value
-    return identity or None
 
 
 async def _client(args: argparse.Namespace) -> Runtime:
@@ -190,7 +170,7 @@ async def _send(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
         event_id = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
         )
     finally:
         await rt.close()
@@ -206,145 +186,11 @@ async def _ask(args: argparse.Namespace) -> int:
     try:
         live_after = await rt.live_position(args.url)
         sent = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=_identity(args)
+            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
         )
-        return await _follow_reply(rt, args, after=sent, live_after=live_after)
+        return await follow_reply(rt, args, after=sent, live_after=live_after)
     finally:
         await rt.close()
-
-
-async def _follow_reply(
-    rt: Runtime, args: argparse.Namespace, *, after: str, live_after: str
-) -> int:
-    """Stream what the entity does until it is idle; answer approvals on a terminal."""
-    printer = terminal.ReplyPrinter()
-    while True:
-        try:
-            after, live_after = await _stream(rt, args, printer, after, live_after)
-        except WaitTimeoutError as exc:
-            printer.finish()
-            return _ask_result(args, "timed out", TIMED_OUT, error=str(exc))
-        printer.finish()
-        status = await rt.status(args.url)
-        if status.status == "failed":
-            return _ask_result(args, "failed", RUN_FAILED, error=status.error)
-        if not status.pending_actions:
-            break
-        pending = await rt.pending_actions(args.url)
-        if not await _answer_interactively(rt, args, pending):
-            if not args.json:
-                err.print(terminal.actions_table(pending))
-                err.print(
-                    f"[yellow]the run is suspended; answer with "
-                    f"`wakeful approve {args.url} CALL` or `wakeful deny {args.url} CALL`[/]"
-                )
-            return _ask_result(args, "suspended", SUSPENDED, pending=pending)
-    run = printer.last_run
-    if run is None:
-        return _ask_result(args, "no run", ERROR, error="no run finished after the message")
-    code = OK if run.status == "completed" else RUN_FAILED
-    return _ask_result(args, run.status, code, response=run.response, error=run.error)
-
-
-async def _stream(
-    rt: Runtime,
-    args: argparse.Namespace,
-    printer: terminal.ReplyPrinter,
-    after: str,
-    live_after: str,
-) -> tuple[str, str]:
-    waiting = None if args.json else err.status(f"waiting for {args.url}", spinner="dots")
-    if waiting is not None:
-        waiting.start()
-    records = rt.stream_until_idle(
-        args.url, after=after, live_after=live_after, timeout=args.timeout
-    )
-    try:
-        async for record in records:
-            if waiting is not None:
-                waiting.stop()
-                waiting = None
-            if isinstance(record, LiveRecord):
-                live_after = record.id
-            else:
-                after = record.id
-            if args.json:
-                if isinstance(record, LogRecord):
-                    printer.last_run = _run_of(record) or printer.last_run
-            else:
-                printer.handle(record)
-    finally:
-        await records.aclose()
-        if waiting is not None:
-            waiting.stop()
-    return after, live_after
-
-
-def _run_of(record: LogRecord) -> Any:
-    from .events import RunFinished
-
-    return record.event if isinstance(record.event, RunFinished) else None
-
-
-async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: list[Any]) -> bool:
-    """Ask the operator about each pending approval; True if any answer was given (or
-    someone else answered first), so the run goes on and is followed further."""
-    if args.json or args.no_input or not sys.stdin.isatty():
-        return False
-    from rich.prompt import Confirm, Prompt
-
-    answered = False
-    for action in (a for a in pending if a.kind == "approval"):
-        question = (
-            f"[yellow]approve[/] {terminal.escape(action.tool)} "
-            f"{terminal.escape(terminal.short(action.input))} ([dim]{action.tool_call_id}[/])?"
-        )
-        try:
-            if _prompt(Confirm.ask, question, console=err):
-                await rt.approve(args.url, action.tool_call_id, identity=_identity(args))
-            else:
-                reason = _prompt(
-                    Prompt.ask, "reason", console=err, default="denied by the operator"
-                )
-                await rt.deny(args.url, action.tool_call_id, reason, identity=_identity(args))
-        except ActionNotPendingError:
-            err.print(f"[dim]{action.tool_call_id} was answered meanwhile[/]")
-        answered = True
-    return answered
-
-
-def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
-    """Prompt in the main thread with Python's own Ctrl-C handling (asyncio's handler
-    only cancels the main task, which a blocking ``input()`` never notices)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return ask(*args, **kwargs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _ask_result(
-    args: argparse.Namespace,
-    status: str,
-    code: int,
-    *,
-    response: str | None = None,
-    error: str | None = None,
-    pending: list[Any] | None = None,
-) -> int:
-    if args.json:
-        terminal.print_json(
-            {
-                "url": args.url,
-                "status": status,
-                "response": response,
-                "error": error,
-                "pending_actions": pending or [],
-            }
-        )
-    elif code not in (OK, SUSPENDED):
-        err.print(f"[red]{status}[/]" + (f": {terminal.escape(error)}" if error else ""))
-    return code
 
 
 # -- reading ------------------------------------------------------------------------
@@ -388,8 +234,7 @@ async def _ls(args: argparse.Namespace) -> int:
         statuses = []
         with err.status(f"reading {len(urls)} entities") if len(urls) > 100 else _nothing():
             for start in range(0, len(urls), 100):
-                chunk = urls[start : start + 100]
-                statuses += await asyncio.gather(*(rt.status(u) for u in chunk))
+                statuses += await _statuses(rt, urls[start : start + 100])
     finally:
         await rt.close()
     if args.json:
@@ -417,6 +262,16 @@ async def _ls(args: argparse.Namespace) -> int:
         )
     out.print(table)
     return OK
+
+
+async def _statuses(rt: Runtime, urls: list[str]) -> list[EntityStatus]:
+    """The status of each of ``urls``, read concurrently; the first error is raised."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            reads = [group.create_task(rt.status(url)) for url in urls]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [read.result() for read in reads]
 
 
 class _nothing:
@@ -509,7 +364,7 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
     rt = await _client(args)
     try:
         live_after = await rt.live_position(args.url)
-        identity = _identity(args)
+        identity = identity_of(args)
         if decision == "approved":
             event_id = await rt.approve(
                 args.url, args.call, edited_input=edited_input, identity=identity
@@ -524,7 +379,7 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
             else:
                 out.print(f"{decision} {args.call} of {args.url}: {event_id}")
             return OK
-        return await _follow_reply(rt, args, after=event_id, live_after=live_after)
+        return await follow_reply(rt, args, after=event_id, live_after=live_after)
     finally:
         await rt.close()
 
@@ -540,108 +395,6 @@ async def _resume(args: argparse.Namespace) -> int:
     else:
         out.print(f"resumed {args.url}")
     return OK
-
-
-# -- the parser ---------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="wakeful",
-        description="Durable actors for LLM agents",
-        epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
-        "action, 5 timed out, 6 Redis unreachable, 130 interrupted",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(
-        name: str, help_text: str, *, redis: bool = True, json: bool = True
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if redis:
-            p.add_argument("--redis", help="Redis URL (default: $WAKEFUL_REDIS_URL)")
-        if json:
-            p.add_argument("--json", action="store_true", help="print JSON")
-        return p
-
-    def identity(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--identity",
-            action="append",
-            metavar="KEY=VALUE",
-            help="the trusted identity to act as (repeatable), e.g. user=alice",
-        )
-
-    def follow_reply(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--timeout", type=float, default=120.0, help="seconds to wait for idle (default 120)"
-        )
-        p.add_argument(
-            "--no-input", action="store_true", help="never prompt for approvals (exit 4 instead)"
-        )
-
-    command(
-        "demo",
-        "run the demo on the embedded default (no Redis, no API key)",
-        redis=False,
-        json=False,
-    )
-    p = command("worker", "run a worker", json=False)
-    p.add_argument("app", help="registry to run, as module:attribute")
-    p = command(
-        "serve", "serve entity URLs over HTTP, with the web console at /console/", json=False
-    )
-    p.add_argument("app", help="registry to serve, as module:attribute")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--worker", action="store_true", help="also run a worker in this process")
-    p.add_argument(
-        "--token", action="append", metavar="USER=TOKEN", help="accept Bearer TOKEN as USER"
-    )
-    p = command("send", "send a message to an entity (creating it)")
-    p.add_argument("url")
-    p.add_argument("text")
-    p.add_argument("--idempotency-key")
-    identity(p)
-    p = command("ask", "send a message and stream the reply until the entity is idle")
-    p.add_argument("url")
-    p.add_argument("text")
-    p.add_argument("--idempotency-key")
-    identity(p)
-    follow_reply(p)
-    p = command("tail", "print the entity log; -f follows it, --live adds live output")
-    p.add_argument("url")
-    p.add_argument("--after", help="start after this event id (resume)")
-    p.add_argument("-f", "--follow", action="store_true", help="wait for new events")
-    p.add_argument("--live", action="store_true", help="also text deltas and tool progress")
-    p = command("inspect", "status, lease owner, lag, state, children and pending actions")
-    p.add_argument("url")
-    p.add_argument("--app", help="registry, to decode collections with their row types")
-    p = command("ls", "list entities (of one type) and their status")
-    p.add_argument("type", nargs="?", help="entity type (default: every known type)")
-    p = command("pending", "tool calls of an entity waiting for a client or an approval")
-    p.add_argument("url")
-    for name, help_text in (
-        ("approve", "approve a pending tool call"),
-        ("deny", "deny a pending tool call"),
-    ):
-        p = command(name, help_text)
-        p.add_argument("url")
-        p.add_argument("call", help="the tool call id (see wakeful pending)")
-        if name == "approve":
-            p.add_argument("--input", help="run the call with this JSON input instead")
-        else:
-            p.add_argument("--reason", default="denied by the operator")
-        p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
-        identity(p)
-        follow_reply(p)
-    p = command("resume", "un-park a failed entity")
-    p.add_argument("url")
-    p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
-    p = command("manifest", "print the registry's manifest (always JSON)", redis=False)
-    p.add_argument("app")
-    return parser
 
 
 COMMANDS = {

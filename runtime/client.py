@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from redis.asyncio import Redis
 
 from .actions import (
-    ActionNotPendingError,
     Authorizer,
-    answer_event,
-    check_answer,
     check_client_tools,
     default_authorizer,
-    expired,
 )
+from .client_actions import PendingActions
 from .config import Settings
 from .connection import connect
 from .contracts import Capability
@@ -38,7 +37,6 @@ from .errors import (
     WakefulError,
 )
 from .events import (
-    ActionRequested,
     CancelRequested,
     Created,
     DeleteRequested,
@@ -53,22 +51,23 @@ from .events import (
     encode_event,
     pack,
 )
+from .following import follow_entity, until_idle
 from .history import project
-from .keys import Keyspace
-from .live import LiveRecord, decode_live
+from .keys import RUNTIME_EVENT_MAX_BYTES, Keyspace
+from .live import LiveRecord
 from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
-from .status import EntityStatus, status_from_meta
-from .store import Store, TargetMissingError
-from .streamids import ZERO, id_gt
+from .status import EntityStatus, entity_status
+from .store import EntityMeta, Store, TargetMissingError
+from .streamids import id_gt
 from .urls import entity_url, parse_url
 from .worker import Worker, check_skipped
 
-READ_COUNT = 1000  # entries per stream and read when following an entity
+T = TypeVar("T")
 
 
-class Runtime:
+class Runtime(PendingActions):
     def __init__(
         self,
         registry: Registry | None = None,
@@ -82,7 +81,7 @@ class Runtime:
     ) -> None:
         base = settings or Settings.from_env()
         if redis_url is not None:
-            base = Settings(**{**_fields(base), "redis_url": redis_url})
+            base = dataclasses.replace(base, redis_url=redis_url)
         self.settings = base
         self.registry = registry or Registry()
         self.embedded = redis is None and base.redis_url is None
@@ -90,7 +89,6 @@ class Runtime:
         self.capabilities = list(capabilities or [])
         self.action_authorizer = action_authorizer or default_authorizer
         self._redis = redis
-        self._embedded_server: Any = None
         self.store: Store | None = None
         self.worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
@@ -102,7 +100,7 @@ class Runtime:
     async def start(self) -> Runtime:
         s = self.settings
         if self._redis is None:
-            if self.embedded:
+            if s.redis_url is None:
                 from .embedded import embedded_redis
 
                 self._redis = embedded_redis()
@@ -114,27 +112,38 @@ class Runtime:
         await self.store.setup()
         if self._run_worker:
             self.worker = Worker(self.registry, self.store, s, capabilities=self.capabilities)
+            # The runtime owns the worker task: close() stops it and awaits it (raising
+            # its error), and a start that fails or is cancelled cancels it.
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
-            await self._wait_worker_ready()
+            try:
+                await self._wait_worker_ready(self.worker, self._worker_task)
+            except BaseException:
+                self._worker_task.cancel()
+                await asyncio.wait({self._worker_task})
+                raise
         return self
 
-    async def _wait_worker_ready(self) -> None:
-        assert self.worker is not None and self._worker_task is not None
-        ready = asyncio.create_task(self.worker.ready.wait())
-        await asyncio.wait({ready, self._worker_task}, return_when=asyncio.FIRST_COMPLETED)
-        if self._worker_task.done():
+    @staticmethod
+    async def _wait_worker_ready(worker: Worker, worker_task: asyncio.Task[None]) -> None:
+        """Return once the worker serves; raise its start-up error if it ends first."""
+        async with asyncio.TaskGroup() as group:
+            ready = group.create_task(worker.ready.wait(), name="wakeful-worker-ready")
+            await asyncio.wait({ready, worker_task}, return_when=asyncio.FIRST_COMPLETED)
             ready.cancel()
-            self._worker_task.result()  # raises the worker's startup error
+        if worker_task.done():
+            worker_task.result()  # raises the worker's start-up error
 
     async def close(self) -> None:
-        if self.worker is not None and self._worker_task is not None:
-            self.worker.stop()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker_task
-        if self._notices is not None:
-            await self._notices.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
+        try:
+            if self.worker is not None and self._worker_task is not None:
+                self.worker.stop()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker_task
+        finally:
+            if self._notices is not None:
+                await self._notices.aclose()
+            if self._redis is not None:
+                await self._redis.aclose()
 
     async def __aenter__(self) -> Runtime:
         return await self.start()
@@ -155,8 +164,7 @@ class Runtime:
         if type_name in self.registry:
             return
         if self._published_types is None or type_name not in self._published_types:
-            raw = await self._store.redis.hgetall(self._store.keys.types)
-            self._published_types = {k.decode(): v for k, v in raw.items()}
+            self._published_types = await self._store.published_types()
         if type_name not in self._published_types:
             known = sorted({*self.registry.names(), *self._published_types})
             raise UnknownEntityTypeError(type_name, known)
@@ -261,7 +269,7 @@ class Runtime:
         woken) and its children whose parent-close policy is ``cancel``."""
         event_id = await self._append_existing(url, CancelRequested(reason=reason, by="client"))
         # Stop the run now if a worker is running it; the input covers every other case.
-        await self._store.redis.publish(self._store.keys.cancel_channel(url), reason)
+        await self._store.publish_cancel(url, reason)
         return event_id
 
     async def delete(self, url: str, *, wait: bool = True, timeout: float = 30.0) -> None:
@@ -270,11 +278,12 @@ class Runtime:
         await self._append_existing(url, DeleteRequested(by="client"))
         if not wait:
             return
-        deadline = time.monotonic() + timeout
-        while await self._store.meta(url):
-            if time.monotonic() > deadline:
-                raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
-            await asyncio.sleep(0.02)
+
+        async def gone() -> bool | None:
+            return True if not await self._store.meta(url) else None
+
+        if await self._until_notified(url, timeout, gone) is None:
+            raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
 
     async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
         parsed = parse_url(url)
@@ -293,113 +302,26 @@ class Runtime:
     async def resume(self, url: str, *, skip_failed: bool = False) -> None:
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
         moves the cursor past the inputs of the failure (dead-lettering them)."""
-        meta = await self._meta(url)
-        if meta.get("status") != b"failed":
-            raise WakefulError(f"entity {url} is not failed; nothing to resume")
+        not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
+        if not (await self._entity_meta(url)).parked:
+            raise not_failed
         skipped: list[str] = []
         if skip_failed:
             failure = await self._last_failure(url)
             skipped = failure.inputs if failure else []
-        s = self._store
-        k = s.keys
-        fields: dict[str, Any] = {"status": "active", "attempts": 0, "error": ""}
-        cursor = meta["cursor"].decode()
-        for skip in skipped:
-            if id_gt(skip, cursor):
-                cursor = skip
-        fields["cursor"] = cursor
-        fields["woke"] = "1"  # with the pointer added below
-        pipe = s.redis.pipeline(transaction=True)
-        pipe.hset(k.meta(url), mapping=fields)
-        pipe.xadd(k.log(url), {"e": encode_event(Resumed(skipped=skipped), limit=1 << 30)})
-        pipe.xadd(k.inbox(k.partition(url)), {"u": url})
-        await pipe.execute()
+        resumed = encode_event(Resumed(skipped=skipped), limit=RUNTIME_EVENT_MAX_BYTES)
+        if not await self._store.resume(url, resumed, skipped):
+            raise not_failed  # resumed (or deleted) by someone else meanwhile
 
     async def _last_failure(self, url: str) -> EntityFailed | None:
-        entries = await self._store.redis.xrevrange(self._store.keys.log(url), count=200)
-        for entry_id, fields in entries:
+        for entry_id, fields in await self._store.newest_log_entries(url, 200):
             with contextlib.suppress(EventDecodeError):
-                record = decode_entry(entry_id.decode(), fields, url)
+                record = decode_entry(entry_id, fields, url)
                 if isinstance(record.event, EntityFailed):
                     return record.event
         return None
 
     # -- reading ---------------------------------------------------------------
-
-    # -- pending actions (client tools and approvals) ----------------------------
-
-    async def pending_actions(self, url: str) -> list[ActionRequested]:
-        """Tool calls of ``url`` that wait for a client's output or an approval."""
-        return list((await self._folded(url)).system.actions.values())
-
-    async def submit_tool_result(
-        self, url: str, tool_call_id: str, output: Any, *, identity: dict[str, str] | None = None
-    ) -> str:
-        """Answer a client-routed tool call. The output is checked against the tool's
-        output schema first: an invalid one is refused and the action stays pending."""
-        return await self._answer(url, tool_call_id, "output", identity, output=output)
-
-    async def fail_action(
-        self, url: str, tool_call_id: str, error: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        return await self._answer(url, tool_call_id, "failed", identity, error=error)
-
-    async def cancel_action(
-        self, url: str, tool_call_id: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        return await self._answer(url, tool_call_id, "cancelled", identity, error="cancelled")
-
-    async def approve(
-        self,
-        url: str,
-        tool_call_id: str,
-        *,
-        edited_input: Any = None,
-        identity: dict[str, str] | None = None,
-    ) -> str:
-        """Approve a call waiting for approval; ``edited_input`` replaces its input
-        (checked against the tool's input schema)."""
-        return await self._answer(
-            url, tool_call_id, "approved", identity, edited_input=edited_input
-        )
-
-    async def deny(
-        self, url: str, tool_call_id: str, reason: str, *, identity: dict[str, str] | None = None
-    ) -> str:
-        """Deny a call waiting for approval; the model gets ``reason`` and can act on it."""
-        return await self._answer(url, tool_call_id, "denied", identity, error=reason)
-
-    async def _answer(
-        self,
-        url: str,
-        tool_call_id: str,
-        decision: str,
-        identity: dict[str, str] | None,
-        **fields: Any,
-    ) -> str:
-        action = (await self._folded(url)).system.actions.get(tool_call_id)
-        if action is not None and expired(action):
-            event = answer_event(tool_call_id, "expired", None, error="expired before an answer")
-            await self._store.settle_action(url, tool_call_id, encode_event(event))
-            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} expired")
-        check_answer(
-            action,
-            url,
-            tool_call_id,
-            decision,
-            identity,
-            self.action_authorizer,
-            **{k: v for k, v in fields.items() if k in ("output", "edited_input")},
-        )
-        event = encode_event(
-            answer_event(tool_call_id, decision, identity, **fields),
-            limit=self.settings.max_event_bytes,
-            what=f"answer to tool call {tool_call_id!r}",
-        )
-        event_id = await self._store.settle_action(url, tool_call_id, event)
-        if event_id is None:
-            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
-        return event_id
 
     async def history(self, url: str) -> list[HistoryEvent]:
         """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""
@@ -414,19 +336,22 @@ class Runtime:
         return list((await self._folded(url)).system.children.values())
 
     async def _meta(self, url: str) -> dict[str, bytes]:
+        """The raw metadata hash (for ``_folded``; everything else reads :meth:`_entity_meta`)."""
         parse_url(url)
         meta = await self._store.meta(url)
         if not meta:
             raise EntityNotFoundError(url)
         return meta
 
-    async def status(self, url: str) -> EntityStatus:
-        return status_from_meta(url, await self._meta(url))
+    async def _entity_meta(self, url: str) -> EntityMeta:
+        parse_url(url)
+        meta = await self._store.entity_meta(url)
+        if meta is None:
+            raise EntityNotFoundError(url)
+        return meta
 
-    async def list(self, type_name: str) -> list[str]:
-        """Urls of all entities of ``type_name``."""
-        await self._check_type(type_name)
-        return await self._store.entity_urls(type_name)
+    async def status(self, url: str) -> EntityStatus:
+        return entity_status(url, await self._entity_meta(url))
 
     async def state(self, url: str) -> dict[str, list[Any]]:
         """The entity's collections as committed (snapshot + log), as plain data."""
@@ -470,7 +395,7 @@ class Runtime:
         live: bool = False,
         live_after: str | None = None,
         block_ms: int = 5000,
-    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
         """The entity log after ``after``; with ``follow`` it waits for new events forever.
 
         With ``live=True`` it also follows the live stream (text deltas and tool
@@ -480,31 +405,18 @@ class Runtime:
         with its stream id, never skipped.
         """
         parse_url(url)
-        keys = self._store.keys
-        log_key, live_key = keys.log(url), keys.live(url)
-        positions = {log_key: after or ZERO}
-        if live:
-            positions[live_key] = live_after or await self._live_tail(live_key)
-            follow = True
-        while True:
-            batches = await self._store.read_streams(positions, None, READ_COUNT)
-            if not batches and follow:
-                batches = await self._store.read_streams(positions, block_ms, READ_COUNT)
-            if not batches and not follow:
-                return
-            for key, entry_id, fields in _merged(batches, live_key, READ_COUNT):
-                positions[key] = entry_id
-                if key == live_key:
-                    yield decode_live(entry_id, fields)
-                    continue
-                try:
-                    yield decode_entry(entry_id, fields, url)
-                except EventDecodeError as exc:
-                    yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
-
-    async def _live_tail(self, key: str) -> str:
-        last = await self._store.redis.xrevrange(key, count=1)
-        return last[0][0].decode() if last else ZERO
+        records = follow_entity(
+            self._store,
+            url,
+            after=after,
+            follow=follow,
+            live=live,
+            live_after=live_after,
+            block_ms=block_ms,
+        )
+        async with contextlib.aclosing(records):
+            async for record in records:
+                yield record
 
     async def log_position(self, url: str, *, back: int) -> str | None:
         """The id to pass as ``after`` to read only the last ``back`` entries of the log
@@ -512,14 +424,14 @@ class Runtime:
         parse_url(url)
         if back < 1:
             raise WakefulError(f"back must be at least 1, got {back}")
-        newest = await self._store.redis.xrevrange(self._store.keys.log(url), count=back + 1)
-        return newest[-1][0].decode() if len(newest) > back else None
+        newest = await self._store.newest_log_entries(url, back + 1)
+        return newest[-1][0] if len(newest) > back else None
 
     async def live_position(self, url: str) -> str:
         """The id of the newest live event of ``url``: pass it as ``live_after`` to follow
         only the live output that comes after this moment (take it before sending)."""
         parse_url(url)
-        return await self._live_tail(self._store.keys.live(url))
+        return await self._store.newest_live_id(url)
 
     async def stream_until_idle(
         self,
@@ -528,7 +440,7 @@ class Runtime:
         after: str | None = None,
         live_after: str | None = None,
         timeout: float = 60.0,
-    ) -> AsyncIterator[LogRecord | UndecodableRecord | LiveRecord]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
         """The log (after ``after``) and live output (after ``live_after``) of ``url``
         until the entity is idle: every input handled, no awaited child running, or
         suspended on pending actions, or failed. Ends once every log entry written up
@@ -536,53 +448,17 @@ class Runtime:
         ``timeout`` seconds without reaching idle.
         """
         parse_url(url)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        done = object()
-        position = {"read": after or ZERO, "tail": None}
-
-        async def read() -> None:
-            try:
-                records = self.events(url, after=after, live=True, live_after=live_after)
-                async for record in records:
-                    queue.put_nowait(record)
-                    if isinstance(record, LiveRecord):
-                        continue
-                    position["read"] = record.id
-                    tail = position["tail"]
-                    if tail is not None and not id_gt(tail, record.id):
-                        break
-            except Exception as exc:
-                queue.put_nowait(exc)
-            queue.put_nowait(done)
-
-        async def watch() -> None:
-            try:
-                await self.wait_idle(url, timeout=timeout)
-                last = await self._store.redis.xrevrange(self._store.keys.log(url), count=1)
-                tail = position["tail"] = last[0][0].decode() if last else ZERO
-                if not id_gt(tail, position["read"]):
-                    reader.cancel()
-                    queue.put_nowait(done)
-            except Exception as exc:
-                reader.cancel()
-                queue.put_nowait(exc)
-
-        reader = asyncio.create_task(read())
-        watcher = asyncio.create_task(watch())
-        try:
-            while (item := await queue.get()) is not done:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            for task in (reader, watcher):
-                task.cancel()
-            await asyncio.gather(reader, watcher, return_exceptions=True)
+        records = self.events(url, after=after, live=True, live_after=live_after)
+        idle = functools.partial(self.wait_idle, url, timeout=timeout)
+        stream = until_idle(self._store, url, records, after=after, idle=idle)
+        async with contextlib.aclosing(stream):  # its tasks end when this generator does
+            async for record in stream:
+                yield record
 
     async def types(self) -> list[str]:
         """Entity types known here: this registry's and those workers published."""
-        raw = await self._store.redis.hkeys(self._store.keys.types)
-        return sorted({*self.registry.names(), *(k.decode() for k in raw)})
+        published = await self._store.published_type_names()
+        return sorted({*self.registry.names(), *published})
 
     async def lease_owner(self, url: str) -> str | None:
         """``<worker>:<epoch>`` holding the lease of the partition ``url`` lives in."""
@@ -591,7 +467,7 @@ class Runtime:
 
     async def lag(self, url: str) -> tuple[int, int]:
         """``(inputs, ms)``: inputs appended but not yet handled, and the age of the oldest."""
-        cursor = (await self._meta(url)).get("cursor", b"0-0").decode()
+        cursor = (await self._entity_meta(url)).cursor
         pending, oldest = 0, None
         async for record in self.events(url, after=cursor):
             if isinstance(record, LogRecord) and not record.event.is_input:
@@ -604,6 +480,29 @@ class Runtime:
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
         """Wait until the entity is idle: every input sent so far handled, its effects
         delivered, no timers pending, and no child it awaits still running; or failed."""
+        last: EntityStatus | None = None
+
+        async def settled() -> EntityStatus | None:
+            nonlocal last
+            last = await self.status(url)
+            return last if last.status in ("idle", "failed") else None
+
+        status = await self._until_notified(url, timeout, settled)
+        if status is not None:
+            return status
+        assert last is not None
+        raise WaitTimeoutError(
+            f"{url} is still {last.status} after {timeout}s (cursor {last.cursor}, last "
+            f"input {last.last_input}, awaited children {last.awaited_children}, timers "
+            f"{last.timers}, undelivered effects {last.undelivered})"
+        )
+
+    async def _until_notified(
+        self, url: str, timeout: float, check: Callable[[], Awaitable[T | None]]
+    ) -> T | None:
+        """``check()`` until it gives a value: at once, on every notice on the entity's
+        idle channel (its commits and its deletion publish there) and every quarter
+        second regardless. None if ``timeout`` seconds pass first (after a last check)."""
         deadline = time.monotonic() + timeout
         channel = self._store.keys.idle_channel(url)
         assert self._notices is not None
@@ -611,20 +510,15 @@ class Runtime:
         try:
             while True:
                 notice.clear()
-                status = await self.status(url)
-                if status.status in ("idle", "failed"):
-                    return status
+                result = await check()
+                if result is not None:
+                    return result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WaitTimeoutError(
-                        f"{url} is still {status.status} after {timeout}s (cursor "
-                        f"{status.cursor}, last input {status.last_input}, awaited children "
-                        f"{status.awaited_children}, timers {status.timers}, undelivered "
-                        f"effects {status.undelivered})"
-                    )
-                # A notice wakes us at once; re-check now and then regardless.
+                    return None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(notice.wait(), min(remaining, 0.25))
+                    async with asyncio.timeout(min(remaining, 0.25)):
+                        await notice.wait()
         finally:
             await self._notices.unwatch(channel, notice)
 
@@ -652,35 +546,8 @@ class Runtime:
             raise RunFailedError(url, last.status, last.error)
         return last.response or ""
 
-
-def _merged(
-    batches: dict[str, list[tuple[str, dict[bytes, bytes]]]], live_key: str, count: int
-) -> list[tuple[str, str, dict[bytes, bytes]]]:
-    """Entries of the log and the live stream in time order (by the millisecond of their
-    ids). Within one millisecond live output comes first: a step's deltas are written
-    before the step is committed.
-
-    A batch of ``count`` entries may have been cut short: entries of the other stream
-    later than its last millisecond are left for the next read, which returns the
-    rest of the cut stream first.
-    """
-
-    def ms(entry_id: str) -> int:
-        return int(entry_id.split("-", 1)[0])
-
-    cut = [ms(batch[-1][0]) for batch in batches.values() if len(batch) >= count]
-    until = min(cut) if cut else None
-    entries = [
-        (ms(entry_id), key != live_key, index, key, entry_id, fields)
-        for key, batch in batches.items()
-        for index, (entry_id, fields) in enumerate(batch)
-        if until is None or ms(entry_id) <= until
-    ]
-    entries.sort(key=lambda e: e[:3])
-    return [(key, entry_id, fields) for *_, key, entry_id, fields in entries]
-
-
-def _fields(settings: Settings) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    # Last, so that ``list`` in the annotations above is the builtin, not this method.
+    async def list(self, type_name: str) -> list[str]:
+        """Urls of all entities of ``type_name``."""
+        await self._check_type(type_name)
+        return await self._store.entity_urls(type_name)

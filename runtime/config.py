@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
 from .events import DEFAULT_MAX_EVENT_BYTES
@@ -32,7 +33,6 @@ class Settings:
     idempotency_ttl_s: int = 86_400
     cache_size: int = 10_000
     shutdown_grace_s: float = 30.0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -57,15 +57,13 @@ class Settings:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name == "extra":
-                continue
             var = f"WAKEFUL_{f.name.upper()}"
             if var not in env:
                 continue
             raw = env[var]
-            kind = type(f.default) if f.default is not None else str
+            kind: type[Any] = str if f.default is None else type(f.default)
             try:
                 values[f.name] = kind(raw) if kind is not str else (raw or None)
             except ValueError:
@@ -73,4 +71,4 @@ class Settings:
                     f"environment variable {var}={raw!r} is not a valid {kind.__name__}"
                 ) from None
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)

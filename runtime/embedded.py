@@ -11,4 +11,5 @@ from fakeredis.aioredis import FakeRedis
 
 
 def embedded_redis(server: fakeredis.FakeServer | None = None) -> FakeRedis:
+    """A fakeredis client of ``server`` (a new, empty one by default)."""
     return FakeRedis(server=server or fakeredis.FakeServer(), decode_responses=False)

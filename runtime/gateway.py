@@ -67,12 +67,11 @@ from .errors import (
 )
 from .events import LogRecord, UndecodableRecord
 from .live import LiveRecord
-from .urls import ID_MAX, ID_PATTERN, TYPE_MAX, TYPE_PATTERN, entity_url
+from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
+from .urls import entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
 log = logging.getLogger("wakeful.gateway")
-LIST_LIMIT = 1000  # urls per page of GET /entities/{type}; ?after=<last url> for the next
-TAIL_LIMIT = 100_000  # most entries ?tail= may ask for
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -383,7 +382,7 @@ async def _sse(
             kind, data = "live", msgspec.to_builtins(record.event)
         elif isinstance(record, LogRecord):
             log_pos = record.id
-            kind = type(record.event).__struct_config__.tag  # type: ignore[attr-defined]
+            kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(record.event, enc_hook=_raw)
         else:
             assert isinstance(record, UndecodableRecord)
@@ -397,198 +396,3 @@ def _raw(value: Any) -> Any:
     if isinstance(value, msgspec.Raw):
         return msgspec.msgpack.decode(value)
     raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-_ENTITY_PARAMS = [
-    {
-        "name": "type",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "pattern": f"^{TYPE_PATTERN}$", "maxLength": TYPE_MAX},
-    },
-    {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "pattern": f"^{ID_PATTERN}$", "maxLength": ID_MAX},
-    },
-]
-_ERROR = {
-    "description": "error",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-}
-
-
-def _op(
-    summary: str, *codes: int, body: dict[str, Any] | None = None, params: list[Any] | None = None
-) -> dict[str, Any]:
-    op: dict[str, Any] = {
-        "summary": summary,
-        "parameters": _ENTITY_PARAMS + (params or []),
-        "responses": {"200": {"description": "ok"}, **{str(c): _ERROR for c in codes}},
-    }
-    if body is not None:
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": body}},
-        }
-    return op
-
-
-_TEXT = {"type": "string"}
-_ANSWERS = [
-    (
-        "submit",
-        "Answer a client tool call with its output (checked against its output schema)",
-        {"type": "object", "required": ["output"], "properties": {"output": {}}},
-    ),
-    ("fail", "Fail a client tool call", {"type": "object", "properties": {"error": _TEXT}}),
-    ("cancel", "Cancel a pending call (client tool or approval)", {"type": "object"}),
-    (
-        "approve",
-        "Approve a call, optionally with an edited input",
-        {"type": "object", "properties": {"edited_input": {}}},
-    ),
-    ("deny", "Deny a call", {"type": "object", "properties": {"reason": _TEXT}}),
-]
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "Wakeful gateway", "version": "1"},
-    "components": {
-        "schemas": {
-            "Error": {
-                "type": "object",
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
-                    }
-                },
-            }
-        },
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-    },
-    "paths": {
-        "/manifest": {
-            "get": {
-                "summary": "The registry's contract",
-                "responses": {"200": {"description": "ok"}},
-            }
-        },
-        "/entities/{type}/{id}": {
-            "get": _op("Entity status", 400, 401, 403, 404),
-            "post": _op(
-                "Create an entity (get-or-create)",
-                400,
-                401,
-                403,
-                404,
-                409,
-                413,
-                422,
-                body={"type": "object", "properties": {"args": {}, "message": {}}},
-            ),
-        },
-        "/entities/{type}/{id}/messages": {
-            "post": _op(
-                "Send a message",
-                400,
-                401,
-                403,
-                404,
-                413,
-                422,
-                body={
-                    "type": "object",
-                    "required": ["payload"],
-                    "properties": {
-                        "payload": {},
-                        "client_data": {},
-                        "client_tools": {"type": "array"},
-                    },
-                },
-                params=[{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],
-            )
-        },
-        "/entities/{type}": {
-            "get": {
-                "summary": "Urls of the type's entities the caller may read, sorted",
-                "parameters": [
-                    _ENTITY_PARAMS[0],
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT},
-                    },
-                    {"name": "after", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": {"description": "ok"},
-                    **{str(c): _ERROR for c in (400, 401, 404)},
-                },
-            }
-        },
-        "/entities/{type}/{id}/state": {"get": _op("Committed collections", 400, 401, 403, 404)},
-        "/entities/{type}/{id}/children": {
-            "get": _op("Spawned children and their last run", 400, 401, 403, 404)
-        },
-        "/entities/{type}/{id}/events": {
-            "get": _op(
-                "Server-sent events: the log (and live output with live=1); resume with Last-Event-ID",
-                400,
-                401,
-                403,
-                404,
-                params=[
-                    {"name": "live", "in": "query", "schema": {"type": "boolean"}},
-                    {"name": "follow", "in": "query", "schema": {"type": "boolean"}},
-                    {
-                        "name": "tail",
-                        "in": "query",
-                        "description": "without Last-Event-ID: start with the last N entries",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": TAIL_LIMIT},
-                    },
-                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
-                ],
-            )
-        },
-        "/entities/{type}/{id}/cancel": {
-            "post": _op(
-                "Cancel the current run",
-                400,
-                401,
-                403,
-                404,
-                body={"type": "object", "properties": {"reason": {"type": "string"}}},
-            )
-        },
-        "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},
-        **{
-            f"/entities/{{type}}/{{id}}/actions/{{call}}/{verb}": {
-                "post": _op(
-                    summary,
-                    400,
-                    401,
-                    403,
-                    404,
-                    409,
-                    422,
-                    body=body,
-                    params=[
-                        {
-                            "name": "call",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                )
-            }
-            for verb, summary, body in _ANSWERS
-        },
-    },
-}
-for _operations in OPENAPI["paths"].values():
-    if "post" in _operations:  # every POST takes a JSON body (see body())
-        _operations["post"]["responses"]["415"] = _ERROR

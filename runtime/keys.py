@@ -26,6 +26,9 @@ key                                         what
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
 ``<prefix>:config``                         keyspace settings (partition count)
 ``<prefix>:types``                          manifests published by workers (hash)
+``<prefix>:idle:<url>``                     pub/sub: the entity's commits changed its
+                                            progress (waiters re-check its status)
+``<prefix>:cancel:<url>``                   pub/sub: cancel the entity's running run
 ==========================================  =========================================
 """
 
@@ -34,9 +37,19 @@ from __future__ import annotations
 import zlib
 
 GROUP = "workers"
+"""The consumer group of every partition inbox."""
+
+RUNTIME_EVENT_MAX_BYTES = 1 << 30
+"""Size limit for the events the runtime writes itself (Created, failures, notices,
+state changes, timer events, Resumed). ``Settings.max_event_bytes`` limits what
+clients and handlers send; an event the runtime derives from accepted data must
+not be refused later, so its limit (1 GiB) is above Redis' own 512 MB value limit:
+in effect, none of Wakeful's."""
 
 
 class Keyspace:
+    """Every key and channel name of one keyspace (``prefix``, ``partitions``)."""
+
     def __init__(self, prefix: str = "wk", partitions: int = 16) -> None:
         self.prefix = prefix
         self.partitions = partitions

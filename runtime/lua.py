@@ -1,11 +1,16 @@
-"""Lua scripts. Each one touches the keys of a single partition only.
+"""Lua scripts: every change to an entity that must be atomic is one script.
+
+Each script touches the keys of a single partition only. Each binds its KEYS and
+ARGV to named locals at the top (with a comment saying what they are), so the
+body reads by name, never by position.
 
 Wake pointers: an entity has at most one unacknowledged pointer in its
-partition inbox, marked by ``meta.woke``. A sender adds a pointer only if
-there is none (``HSETNX``); the commit that acknowledges pointers clears the
-mark and adds a fresh pointer if the entity still has work (input after the
-cursor, or undelivered effects). So a burst of messages to one entity costs one
-wake, and no input is ever left without a pointer.
+partition inbox, marked by ``meta.woke``. Every script that gives an entity
+work adds a pointer through the one helper ``ensure_pointer`` (a pointer only if
+there is none); the commit that acknowledges pointers clears the mark and adds a
+fresh pointer if the entity still has work (input after the cursor, or
+undelivered effects). So a burst of messages to one entity costs one wake, and
+no input is ever left without a pointer.
 """
 
 # Stream ids compare as (ms, seq) number pairs.
@@ -21,19 +26,38 @@ local function id_gt(a, b)
 end
 """
 
-# KEYS: log, meta, inbox, idem, typeset
-# ARGV: url, type, idem_ttl_ms ('' = no dedupe), mode, args, created_event, parent, n,
-#       then n pairs (flag, event): flag 'i' = input (moves last_in), 'e' = other
+# The wake-pointer rule: add a pointer to the entity's partition inbox unless it has
+# one already (meta.woke marks it; the commit that acknowledges it clears the mark).
+_ENSURE_POINTER = """
+local function ensure_pointer(meta_key, inbox_key, entity_url)
+  if redis.call('HSETNX', meta_key, 'woke', '1') == 1 then
+    redis.call('XADD', inbox_key, '*', 'u', entity_url)
+  end
+end
+"""
+
 # mode: 'send' creates the entity if missing; 'create' is get-or-create with args
 #       (an existing entity with other args is a conflict; with the same args it
 #       gets the events, like 'send'); 'existing' never creates.
 # -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
 #    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
-SEND = """
-local log, meta, inbox, idem, typeset = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local url, etype, idem_ttl, mode, args, created, parent =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local n = tonumber(ARGV[8])
+SEND = (
+    _ENSURE_POINTER
+    + """
+local log = KEYS[1]          -- the entity's log
+local meta = KEYS[2]         -- the entity's metadata hash
+local inbox = KEYS[3]        -- the partition inbox (wake pointers)
+local idem = KEYS[4]         -- idempotency key -> event id
+local typeset = KEYS[5]      -- urls of the entity's type in the partition
+local url = ARGV[1]
+local etype = ARGV[2]        -- entity type name
+local idem_ttl = ARGV[3]     -- ms to remember the idempotency key ('' = no dedupe)
+local mode = ARGV[4]         -- 'send' | 'create' | 'existing' (see above)
+local args = ARGV[5]         -- packed creation args
+local created = ARGV[6]      -- the Created event, appended if the entity is new
+local parent = ARGV[7]       -- parent url ('' = none)
+local n = tonumber(ARGV[8])  -- then n pairs (flag, event): flag 'i' input (moves last_in)
+local first_pair = 9
 if idem_ttl ~= '' then
   local prior = redis.call('GET', idem)
   if prior then return {0, prior, redis.call('HGET', meta, 'created') or ''} end
@@ -54,212 +78,309 @@ end
 local id = created_id
 local last_in = false
 for j = 0, n - 1 do
-  id = redis.call('XADD', log, '*', 'e', ARGV[10 + 2 * j])
-  if ARGV[9 + 2 * j] == 'i' then last_in = id end
+  local flag, event = ARGV[first_pair + 2 * j], ARGV[first_pair + 2 * j + 1]
+  id = redis.call('XADD', log, '*', 'e', event)
+  if flag == 'i' then last_in = id end
 end
 if last_in then redis.call('HSET', meta, 'last_in', last_in) end
-if redis.call('HSETNX', meta, 'woke', '1') == 1 then redis.call('XADD', inbox, '*', 'u', url) end
+ensure_pointer(meta, inbox, url)
 if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
 return {1, id, created_id}
 """
+)
 
-# KEYS: meta, snap, log     ARGV: after ('' = cold start from the snapshot), count
 # -> {meta_flat, snapshot|nil, entries}
 LOAD = """
-local meta = redis.call('HGETALL', KEYS[1])
-local snap = false
-local start = ARGV[1]
-if start == '' then
-  local upto = redis.call('HGET', KEYS[1], 'snap_upto')
+local meta = KEYS[1]   -- the entity's metadata hash
+local snap = KEYS[2]   -- the entity's snapshot
+local log = KEYS[3]    -- the entity's log
+local after = ARGV[1]  -- read the log after this id ('' = cold start from the snapshot)
+local count = ARGV[2]  -- at most this many entries
+local fields = redis.call('HGETALL', meta)
+local snapshot = false
+local start
+if after == '' then
+  local upto = redis.call('HGET', meta, 'snap_upto')
   if upto then
-    snap = redis.call('GET', KEYS[2])
+    snapshot = redis.call('GET', snap)
     start = '(' .. upto
   else
     start = '-'
   end
 else
-  start = '(' .. start
+  start = '(' .. after
 end
-return {meta, snap, redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', ARGV[2])}
+return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count)}
 """
 
-# KEYS: lease, log, meta, inbox, snap, timers, timerdata, actions
-# ARGV: token, group, cursor ('' = keep), created ('' = skip incarnation check),
-#       snapshot ('' = none), snapshot_seen, snapshot_out, channel, url,
-#       n_events, n_acks, n_fields, n_timers, n_actions,
-#       n pairs (flag, event), ack ids, field/value pairs, timer triples (member, due, data),
-#       ids of tool calls that now wait for an action (pending actions)
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'FENCED'} | {'GONE'}
 COMMIT = (
     _ID_GT
+    + _ENSURE_POINTER
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FENCED'} end
-if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'created') ~= ARGV[4] then return {'GONE'} end
-local ne, na, nf, nt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local nx = tonumber(ARGV[14])
+local lease = KEYS[1]                 -- the partition lease
+local log = KEYS[2]                   -- the entity's log
+local meta = KEYS[3]                  -- the entity's metadata hash
+local inbox = KEYS[4]                 -- the partition inbox (wake pointers)
+local snap = KEYS[5]                  -- the entity's snapshot
+local timers = KEYS[6]                -- the partition's timers: member -> due ms
+local timerdata = KEYS[7]             -- the partition's timers: member -> outbox event
+local actions = KEYS[8]               -- the entity's pending actions
+local token = ARGV[1]                 -- the lease token this commit is fenced by
+local group = ARGV[2]                 -- the inbox consumer group
+local cursor = ARGV[3]                -- new cursor ('' = keep)
+local incarnation = ARGV[4]           -- meta.created to match ('' = skip the check)
+local snapshot = ARGV[5]              -- new snapshot ('' = none)
+local snapshot_seen = ARGV[6]         -- the snapshot holds every event up to this id
+local last_out = ARGV[7]              -- and every output up to this one, unless this
+                                      -- commit appends outputs (then its last one)
+local channel = ARGV[8]               -- the entity's idle channel
+local url = ARGV[9]
+local n_events = tonumber(ARGV[10])   -- then n_events pairs (flag, event)
+local n_acks = tonumber(ARGV[11])     -- then n_acks inbox ids to acknowledge
+local n_fields = tonumber(ARGV[12])   -- then n_fields field, value items for meta
+local n_timers = tonumber(ARGV[13])   -- then n_timers triples (member, due ms, data)
+local n_actions = tonumber(ARGV[14])  -- then n_actions tool call ids now pending
 local i = 15
+if redis.call('GET', lease) ~= token then return {'FENCED'} end
+if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
+  return {'GONE'}
+end
 local out = {'OK'}
 local changed = false
-local last_out = ARGV[7]
-for _ = 1, ne do
-  local flag = ARGV[i]
-  local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i + 1])
+for _ = 1, n_events do
+  local flag, event = ARGV[i], ARGV[i + 1]
+  local id = redis.call('XADD', log, '*', 'e', event)
   out[#out + 1] = id
   if flag == 'i' then
-    redis.call('HSET', KEYS[3], 'last_in', id)
+    redis.call('HSET', meta, 'last_in', id)
   else
     last_out = id
     if flag == 'o' then
-      redis.call('HSET', KEYS[3], 'out_last', id)
-      if redis.call('HSETNX', KEYS[3], 'woke', '1') == 1 then
-        redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
-      end
+      redis.call('HSET', meta, 'out_last', id)
+      ensure_pointer(meta, inbox, url)
       changed = true
     end
   end
   i = i + 2
 end
-if na > 0 then
-  redis.call('XACK', KEYS[4], ARGV[2], unpack(ARGV, i, i + na - 1))
-  i = i + na
+if n_acks > 0 then
+  redis.call('XACK', inbox, group, unpack(ARGV, i, i + n_acks - 1))
+  i = i + n_acks
 end
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[3], 'cursor', ARGV[3])
+if cursor ~= '' then
+  redis.call('HSET', meta, 'cursor', cursor)
   changed = true
 end
-if nf > 0 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, i, i + nf - 1))
-  i = i + nf
+if n_fields > 0 then
+  redis.call('HSET', meta, unpack(ARGV, i, i + n_fields - 1))
+  i = i + n_fields
   changed = true
 end
-if na > 0 then
+if n_acks > 0 then
   -- The wake's pointers are acknowledged: point again if work is left.
-  redis.call('HDEL', KEYS[3], 'woke')
-  local m = redis.call('HMGET', KEYS[3], 'status', 'cursor', 'last_in', 'out_done', 'out_last')
-  if m[1] and m[1] ~= 'failed' and (id_gt(m[3], m[2]) or id_gt(m[5], m[4] or '0-0')) then
-    redis.call('HSET', KEYS[3], 'woke', '1')
-    redis.call('XADD', KEYS[4], '*', 'u', ARGV[9])
+  redis.call('HDEL', meta, 'woke')
+  local m = redis.call('HMGET', meta, 'status', 'cursor', 'last_in', 'out_done', 'out_last')
+  local status, now_at, last_in = m[1], m[2], m[3]
+  local out_done, out_last = m[4] or '0-0', m[5]
+  if status and status ~= 'failed' and (id_gt(last_in, now_at) or id_gt(out_last, out_done)) then
+    ensure_pointer(meta, inbox, url)
   end
 end
-for _ = 1, nt do
-  if redis.call('ZADD', KEYS[6], 'NX', ARGV[i + 1], ARGV[i]) == 1 then
-    redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 2])
-    redis.call('HINCRBY', KEYS[3], 'timers', 1)
+for _ = 1, n_timers do
+  local member, due, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if redis.call('ZADD', timers, 'NX', due, member) == 1 then
+    redis.call('HSET', timerdata, member, data)
+    redis.call('HINCRBY', meta, 'timers', 1)
   end
   i = i + 3
 end
-for _ = 1, nx do
-  if redis.call('HSETNX', KEYS[8], ARGV[i], 'pending') == 1 then
-    redis.call('HINCRBY', KEYS[3], 'actions', 1)
+for _ = 1, n_actions do
+  if redis.call('HSETNX', actions, ARGV[i], 'pending') == 1 then
+    redis.call('HINCRBY', meta, 'actions', 1)
   end
   i = i + 1
 end
-if ARGV[5] ~= '' then
-  redis.call('SET', KEYS[5], ARGV[5])
-  redis.call('HSET', KEYS[3], 'snap_upto', ARGV[6], 'snap_out', last_out)
+if snapshot ~= '' then
+  redis.call('SET', snap, snapshot)
+  redis.call('HSET', meta, 'snap_upto', snapshot_seen, 'snap_out', last_out)
 end
-if changed then redis.call('PUBLISH', ARGV[8], ARGV[3]) end
+if changed then redis.call('PUBLISH', channel, cursor) end
 return out
 """
 )
 
-# KEYS: lease, timers, timerdata, meta, log, inbox
-# ARGV: token, member, url, created
 # A due timer of entity url: its outbox event goes into the entity's log and a
 # wake pointer makes the owner deliver it. -> 1 fired | 0 gone | -1 fenced
-FIRE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
-local data = redis.call('HGET', KEYS[3], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[2])
-if not data or redis.call('HGET', KEYS[4], 'created') ~= ARGV[4] then return 0 end
-redis.call('HINCRBY', KEYS[4], 'timers', -1)
-local id = redis.call('XADD', KEYS[5], '*', 'e', data)
-redis.call('HSET', KEYS[4], 'out_last', id)
-if redis.call('HSETNX', KEYS[4], 'woke', '1') == 1 then redis.call('XADD', KEYS[6], '*', 'u', ARGV[3]) end
+FIRE = (
+    _ENSURE_POINTER
+    + """
+local lease = KEYS[1]       -- the partition lease
+local timers = KEYS[2]      -- the partition's timers: member -> due ms
+local timerdata = KEYS[3]   -- the partition's timers: member -> outbox event
+local meta = KEYS[4]        -- the entity's metadata hash
+local log = KEYS[5]         -- the entity's log
+local inbox = KEYS[6]       -- the partition inbox (wake pointers)
+local token = ARGV[1]       -- the lease token this is fenced by
+local member = ARGV[2]      -- the timer: '<url>|<incarnation>|<id>'
+local url = ARGV[3]
+local incarnation = ARGV[4] -- meta.created of the entity that set the timer
+if redis.call('GET', lease) ~= token then return -1 end
+if redis.call('ZREM', timers, member) == 0 then return 0 end
+local data = redis.call('HGET', timerdata, member)
+redis.call('HDEL', timerdata, member)
+if not data or redis.call('HGET', meta, 'created') ~= incarnation then return 0 end
+redis.call('HINCRBY', meta, 'timers', -1)
+local id = redis.call('XADD', log, '*', 'e', data)
+redis.call('HSET', meta, 'out_last', id)
+ensure_pointer(meta, inbox, url)
 return 1
 """
+)
 
-# KEYS: lease, timers, timerdata, meta     ARGV: token, member
 # -> 1 cancelled | 0 no such timer (fired or cancelled already) | -1 fenced
 CANCEL_TIMER = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then return 0 end
-redis.call('HDEL', KEYS[3], ARGV[2])
-redis.call('HINCRBY', KEYS[4], 'timers', -1)
+local lease = KEYS[1]       -- the partition lease
+local timers = KEYS[2]      -- the partition's timers: member -> due ms
+local timerdata = KEYS[3]   -- the partition's timers: member -> outbox event
+local meta = KEYS[4]        -- the entity's metadata hash
+local token = ARGV[1]       -- the lease token this is fenced by
+local member = ARGV[2]      -- the timer
+if redis.call('GET', lease) ~= token then return -1 end
+if redis.call('ZREM', timers, member) == 0 then return 0 end
+redis.call('HDEL', timerdata, member)
+redis.call('HINCRBY', meta, 'timers', -1)
 return 1
 """
 
-# KEYS: lease, log, meta, snap, typeset, inbox, actions
-# ARGV: token, created, url, group, channel, ack ids...   -> 1 deleted | 0 gone | -1 fenced
+# -> 1 deleted | 0 gone | -1 fenced
 DELETE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('HGET', KEYS[3], 'created') ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[7])
-redis.call('SREM', KEYS[5], ARGV[3])
-if #ARGV > 5 then redis.call('XACK', KEYS[6], ARGV[4], unpack(ARGV, 6, #ARGV)) end
-redis.call('PUBLISH', ARGV[5], 'deleted')
+local lease = KEYS[1]       -- the partition lease
+local log = KEYS[2]         -- the entity's log
+local meta = KEYS[3]        -- the entity's metadata hash
+local snap = KEYS[4]        -- the entity's snapshot
+local typeset = KEYS[5]     -- urls of the entity's type in the partition
+local inbox = KEYS[6]       -- the partition inbox (wake pointers)
+local actions = KEYS[7]     -- the entity's pending actions
+local token = ARGV[1]       -- the lease token this is fenced by
+local incarnation = ARGV[2] -- meta.created of the entity to delete
+local url = ARGV[3]
+local group = ARGV[4]       -- the inbox consumer group
+local channel = ARGV[5]     -- the entity's idle channel
+local first_ack = 6         -- then inbox ids to acknowledge
+if redis.call('GET', lease) ~= token then return -1 end
+if redis.call('HGET', meta, 'created') ~= incarnation then return 0 end
+redis.call('DEL', log, meta, snap, actions)
+redis.call('SREM', typeset, url)
+if #ARGV >= first_ack then redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV)) end
+redis.call('PUBLISH', channel, 'deleted')
 return 1
 """
 
-# KEYS: lease, epoch     ARGV: worker_id, ttl_ms     -> token | nil (held by another)
+# Un-park a failed entity: it becomes active, its cursor moves past the inputs to skip
+# (dead-lettered), the Resumed event is logged and the entity gets a wake pointer.
+# -> 1 resumed | 0 not failed (or gone)
+RESUME = (
+    _ID_GT
+    + _ENSURE_POINTER
+    + """
+local meta = KEYS[1]      -- the entity's metadata hash
+local log = KEYS[2]       -- the entity's log
+local inbox = KEYS[3]     -- the partition inbox (wake pointers)
+local url = ARGV[1]
+local resumed = ARGV[2]   -- the Resumed event
+local first_skip = 3      -- then ids of the inputs to skip
+if redis.call('HGET', meta, 'status') ~= 'failed' then return 0 end
+local cursor = redis.call('HGET', meta, 'cursor')
+for j = first_skip, #ARGV do
+  if id_gt(ARGV[j], cursor) then cursor = ARGV[j] end
+end
+redis.call('HSET', meta, 'status', 'active', 'attempts', 0, 'error', '', 'cursor', cursor)
+redis.call('XADD', log, '*', 'e', resumed)
+ensure_pointer(meta, inbox, url)
+return 1
+"""
+)
+
+# -> token | nil (held by another)
 ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  if string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return cur
+local lease = KEYS[1]       -- the partition lease: '<worker>:<epoch>'
+local epoch = KEYS[2]       -- the partition's fencing epoch counter
+local worker_id = ARGV[1]
+local ttl_ms = ARGV[2]
+local current = redis.call('GET', lease)
+if current then
+  if string.sub(current, 1, string.len(worker_id) + 1) == worker_id .. ':' then
+    redis.call('PEXPIRE', lease, ttl_ms)
+    return current
   end
   return false
 end
-local token = ARGV[1] .. ':' .. redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+local token = worker_id .. ':' .. redis.call('INCR', epoch)
+redis.call('SET', lease, token, 'PX', ttl_ms)
 return token
 """
 
-# KEYS: lease     ARGV: token, ttl_ms     -> 1 renewed | 0 lost
+# -> 1 renewed | 0 lost
 RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local lease = KEYS[1]       -- the partition lease
+local token = ARGV[1]
+local ttl_ms = ARGV[2]
+if redis.call('GET', lease) == token then
+  redis.call('PEXPIRE', lease, ttl_ms)
   return 1
 end
 return 0
 """
 
-# KEYS: lease     ARGV: token     -> 1 released | 0 not ours
+# -> 1 released | 0 not ours
 RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+local lease = KEYS[1]       -- the partition lease
+local token = ARGV[1]
+if redis.call('GET', lease) == token then
+  redis.call('DEL', lease)
   return 1
 end
 return 0
 """
 
-# KEYS: workers     ARGV: worker_id, ttl_ms ('' = deregister)   -> live worker ids
+# -> live worker ids
 HEARTBEAT = """
+local workers = KEYS[1]     -- live workers, score = expiry ms
+local worker_id = ARGV[1]
+local ttl_ms = ARGV[2]      -- '' = deregister
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[2] == '' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
+if ttl_ms == '' then
+  redis.call('ZREM', workers, worker_id)
 else
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
+return redis.call('ZRANGE', workers, 0, -1)
 """
 
-# KEYS: actions, log, meta, inbox     ARGV: tool_call_id, event, url
 # Settle a pending action at most once: concurrent answers race here and one wins.
 # -> {1, event id} | {0, state} (state: '' unknown, 'settled' already answered)
-SETTLE = """
-local state = redis.call('HGET', KEYS[1], ARGV[1])
+SETTLE = (
+    _ENSURE_POINTER
+    + """
+local actions = KEYS[1]       -- the entity's pending actions
+local log = KEYS[2]           -- the entity's log
+local meta = KEYS[3]          -- the entity's metadata hash
+local inbox = KEYS[4]         -- the partition inbox (wake pointers)
+local tool_call_id = ARGV[1]
+local event = ARGV[2]         -- the answer (an input)
+local url = ARGV[3]
+local state = redis.call('HGET', actions, tool_call_id)
 if state ~= 'pending' then return {0, state or ''} end
-redis.call('HSET', KEYS[1], ARGV[1], 'settled')
-redis.call('HINCRBY', KEYS[3], 'actions', -1)
-local id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
-redis.call('HSET', KEYS[3], 'last_in', id)
-if redis.call('HSETNX', KEYS[3], 'woke', '1') == 1 then redis.call('XADD', KEYS[4], '*', 'u', ARGV[3]) end
+redis.call('HSET', actions, tool_call_id, 'settled')
+redis.call('HINCRBY', meta, 'actions', -1)
+local id = redis.call('XADD', log, '*', 'e', event)
+redis.call('HSET', meta, 'last_in', id)
+ensure_pointer(meta, inbox, url)
 return {1, id}
 """
+)

@@ -1,4 +1,4 @@
-"""Entity status, derived from the metadata hash."""
+"""Entity status: where an entity stands, derived from its parsed metadata."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .events import unpack
-from .streamids import ZERO, id_gt
+from .replies import EntityMeta, parse_meta
+from .streamids import id_gt
 
 
 @dataclass(frozen=True)
@@ -38,21 +39,12 @@ class EntityStatus:
         return self.status == "idle"
 
 
-def _text(meta: dict[str, bytes], field: str) -> str:
-    return (meta.get(field) or b"").decode()
-
-
-def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
-    cursor = _text(meta, "cursor") or ZERO
-    last_input = _text(meta, "last_in") or ZERO
-    out_last = _text(meta, "out_last") or ZERO
-    out_done = _text(meta, "out_done") or ZERO
-    awaited = int(meta.get("waiting") or 0)
-    timers = int(meta.get("timers") or 0)
-    undelivered = id_gt(out_last, out_done)
-    if meta.get("status") == b"failed":
+def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
+    """Where the entity with metadata ``meta`` stands."""
+    awaited, timers, undelivered = meta.awaited_children, meta.timers, meta.undelivered
+    if meta.parked:
         status = "failed"
-    elif id_gt(last_input, cursor):
+    elif id_gt(meta.last_input, meta.cursor):
         status = "pending"
     elif undelivered or awaited or timers:
         status = "waiting"
@@ -60,20 +52,28 @@ def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
         status = "idle"
     return EntityStatus(
         url=url,
-        type=_text(meta, "type"),
+        type=meta.type,
         status=status,
-        cursor=cursor,
-        last_input=last_input,
-        attempts=int(meta.get("attempts") or 0),
-        error=_text(meta, "error") or None,
-        parent=_text(meta, "parent") or None,
-        args=unpack(meta["args"]) if meta.get("args") else None,
-        created_id=_text(meta, "created"),
+        cursor=meta.cursor,
+        last_input=meta.last_input,
+        attempts=meta.attempts,
+        error=meta.error,
+        parent=meta.parent,
+        args=unpack(meta.args) if meta.args else None,
+        created_id=meta.incarnation,
         awaited_children=awaited,
         timers=timers,
         undelivered=undelivered,
-        pending_actions=int(meta.get("actions") or 0),
+        pending_actions=meta.pending_actions,
     )
+
+
+def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
+    """The status from a raw metadata hash (non-empty): for the worker, until it reads
+    the parsed :class:`EntityMeta` too (then this goes)."""
+    parsed = parse_meta(meta)
+    assert parsed is not None, "status_from_meta needs an existing entity's metadata"
+    return entity_status(url, parsed)
 
 
 @dataclass(frozen=True)

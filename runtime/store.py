@@ -1,66 +1,81 @@
 """All Redis access of the runtime: the scripts and the few plain commands.
 
-Nothing above this module builds a key or speaks a Redis command, so the data
-path is: client -> :meth:`Store.append_input` (SEND script) -> inbox ->
-worker :meth:`Store.read_inbox` -> :meth:`Store.load` (LOAD script) -> handler
--> :meth:`Store.commit` (COMMIT script).
+:class:`Store` is the only Redis speaker above this layer (its reads are in
+``entity_reads.py``; scripts run through ``script_runner.py``). The data path is:
+client -> :meth:`Store.append_input` (SEND script) -> inbox -> worker
+:meth:`Store.read_inbox` -> :meth:`Store.load` (LOAD script) -> handler ->
+:meth:`Store.commit` (COMMIT script). Replies are decoded in ``replies.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
-from . import lua
-from .batching import AutoPipeline
+from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, FencedError
 from .keys import GROUP, Keyspace
+from .replies import EntityMeta, Entry, as_str
+from .script_runner import (
+    ACQUIRE,
+    ALL_SCRIPTS,
+    CANCEL_TIMER,
+    COMMIT,
+    DELETE,
+    FIRE,
+    HEARTBEAT,
+    LOAD,
+    RELEASE,
+    RENEW,
+    RESUME,
+    SEND,
+    SETTLE,
+    Script,
+)
 
-Entry = tuple[str, dict[bytes, bytes]]
+__all__ = [  # the scripts too, for tests that run them one by one
+    "ACQUIRE",
+    "ALL_SCRIPTS",
+    "CANCEL_TIMER",
+    "COMMIT",
+    "DELETE",
+    "FIRE",
+    "HEARTBEAT",
+    "LOAD",
+    "RELEASE",
+    "RENEW",
+    "RESUME",
+    "SEND",
+    "SETTLE",
+    "TRANSIENT_ERRORS",
+    "EntityGoneError",
+    "EntityMeta",
+    "Entry",
+    "Loaded",
+    "Pointer",
+    "Script",
+    "SendResult",
+    "Store",
+    "StreamBatch",
+    "TargetMissingError",
+]
+
+# The store's connections speak RESP2 and do not decode (decode_responses=False), so
+# replies are lists and bytes; redis-py's annotations cover every protocol and mode,
+# and the casts below narrow them to that shape.
 
 # Errors that mean "Redis is unreachable for now": callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
-)
-
-
-class Script:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-
-SEND = Script(lua.SEND)
-LOAD = Script(lua.LOAD)
-COMMIT = Script(lua.COMMIT)
-ACQUIRE = Script(lua.ACQUIRE)
-RENEW = Script(lua.RENEW)
-RELEASE = Script(lua.RELEASE)
-HEARTBEAT = Script(lua.HEARTBEAT)
-FIRE = Script(lua.FIRE)
-DELETE = Script(lua.DELETE)
-CANCEL_TIMER = Script(lua.CANCEL_TIMER)
-SETTLE = Script(lua.SETTLE)
-ALL_SCRIPTS = (
-    SEND,
-    LOAD,
-    COMMIT,
-    FIRE,
-    DELETE,
-    CANCEL_TIMER,
-    SETTLE,
-    ACQUIRE,
-    RENEW,
-    RELEASE,
-    HEARTBEAT,
 )
 
 
@@ -74,16 +89,9 @@ class EntityGoneError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    id: str
-    created_id: str
+    id: str  # the last event appended (or the one an idempotency key found)
+    created_id: str  # the entity's incarnation
     appended: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    meta: dict[str, bytes]
-    snapshot: bytes | None
-    entries: list[Entry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,26 +103,15 @@ class Pointer:
     url: str
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+class Store(EntityReads):
+    """The runtime's one Redis speaker: scripts for every atomic change, plain reads.
 
+    The reads of entity data are in :class:`~wakeful.entity_reads.EntityReads`.
+    """
 
-def _entries(raw: list[Any]) -> list[Entry]:
-    """Normalise stream entries from a Lua reply ([id, [f, v, ...]]) or redis-py."""
-    out: list[Entry] = []
-    for entry_id, fields in raw:
-        if isinstance(fields, list):
-            fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        out.append((_s(entry_id), fields or {}))
-    return out
-
-
-class Store:
     def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
-        self.redis = redis
-        self.keys = keys
+        super().__init__(redis, keys)
         self.idempotency_ttl_ms = idempotency_ttl_ms
-        self.batch = AutoPipeline(redis)
 
     # -- setup ---------------------------------------------------------------
 
@@ -122,36 +119,13 @@ class Store:
         """Load the scripts and check the partition count against the keyspace."""
         await self.load_scripts()
         await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
-        stored = int(await self.redis.hget(self.keys.config, "partitions"))
+        stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
         if stored != self.keys.partitions:
             raise ConfigError(
                 f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
-
-    async def load_scripts(self) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for script in ALL_SCRIPTS:
-            pipe.script_load(script.source)
-        await pipe.execute()
-
-    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a script through the auto-pipeline, reloading it after a Redis restart."""
-        for attempt in (0, 1):
-            try:
-                return await self.batch.execute(
-                    lambda pipe: pipe.evalsha(script.sha, len(keys), *keys, *args)
-                )
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self.load_scripts()
-            except ResponseError as exc:
-                if attempt or "NOSCRIPT" not in str(exc):
-                    raise
-                await self.load_scripts()
-        raise AssertionError("unreachable")
 
     # -- inputs --------------------------------------------------------------
 
@@ -161,7 +135,7 @@ class Store:
         type_name: str,
         *,
         created: bytes,
-        events: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
+        events: Sequence[tuple[str, bytes]] = (),
         args: bytes = b"",
         parent: str = "",
         mode: str = "send",
@@ -192,61 +166,28 @@ class Store:
                 *(x for pair in events for x in pair),
             ],
         )
-        code, event_id, created_id = int(reply[0]), _s(reply[1]), _s(reply[2])
+        code, event_id, created_id = int(reply[0]), as_str(reply[1]), as_str(reply[2])
         if code == -1:
             raise ArgsConflictError(url)
         if code == -2:
             raise TargetMissingError(url)
         return SendResult(event_id, created_id, code == 1)
 
-    # -- reading -------------------------------------------------------------
+    async def publish_cancel(self, url: str, reason: str) -> None:
+        """Tell the worker running ``url`` (if any) to stop its run now."""
+        await self.redis.publish(self.keys.cancel_channel(url), reason)
 
-    async def load(self, url: str, after: str | None, page: int = 1000) -> Loaded:
-        """Metadata plus the log after ``after`` (or after the snapshot when None)."""
+    async def resume(self, url: str, resumed: bytes, skipped: Sequence[str] = ()) -> bool:
+        """Un-park a failed entity (RESUME script): active again, the cursor moved past
+        ``skipped`` inputs, ``resumed`` (the encoded Resumed event) appended, and a wake
+        pointer unless it has one. False if the entity is not failed."""
         k = self.keys
-        meta_flat, snapshot, raw = await self._run(
-            LOAD, [k.meta(url), k.snap(url), k.log(url)], [after or "", page]
+        reply = await self._run(
+            RESUME,
+            [k.meta(url), k.log(url), k.inbox(k.partition(url))],
+            [url, resumed, *skipped],
         )
-        meta = {_s(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
-        entries = _entries(raw)
-        while len(raw) == page:
-            raw = await self.redis.xrange(k.log(url), f"({entries[-1][0]}", "+", count=page)
-            entries.extend(_entries(raw))
-        return Loaded(meta, snapshot, entries)
-
-    async def read_log(self, url: str, after: str | None = None, count: int = 1000) -> list[Entry]:
-        start = f"({after}" if after and after != "0-0" else "-"
-        return _entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
-
-    async def append_live(self, url: str, events: list[bytes], maxlen: int = 1000) -> None:
-        key = self.keys.live(url)
-
-        def stage(pipe: Any) -> None:
-            for data in events:
-                pipe.xadd(key, {"e": data}, maxlen=maxlen, approximate=True)
-
-        await self.batch.execute(stage)
-
-    async def read_streams(
-        self, positions: dict[str, str], block_ms: int | None, count: int = 1000
-    ) -> dict[str, list[Entry]]:
-        """XREAD several streams (keys of one partition) from their positions."""
-        reply = await self.redis.xread(positions, count=count, block=block_ms)
-        return {_s(key): _entries(entries) for key, entries in (reply or [])}
-
-    async def meta(self, url: str) -> dict[str, bytes]:
-        raw = await self.redis.hgetall(self.keys.meta(url))
-        return {_s(f): v for f, v in raw.items()}
-
-    async def snapshot(self, url: str) -> bytes | None:
-        return await self.redis.get(self.keys.snap(url))
-
-    async def entity_urls(self, type_name: str) -> list[str]:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.smembers(self.keys.typeset(p, type_name))
-        members = await pipe.execute()
-        return sorted(_s(url) for group in members for url in group)
+        return int(reply) == 1
 
     # -- commits -------------------------------------------------------------
 
@@ -255,16 +196,16 @@ class Store:
         url: str,
         token: str,
         *,
-        events: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
+        events: Sequence[tuple[str, bytes]] = (),
         cursor: str = "",
-        acks: list[str] = (),  # type: ignore[assignment]
+        acks: Sequence[str] = (),
         fields: dict[str, Any] | None = None,
         created: str = "",
         snapshot: bytes = b"",
         snapshot_seen: str = "",
         snapshot_out: str = "",
-        timers: list[tuple[str, int, bytes]] = (),  # type: ignore[assignment]
-        actions: list[str] = (),  # type: ignore[assignment]
+        timers: Sequence[tuple[str, int, bytes]] = (),
+        actions: Sequence[str] = (),
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -313,12 +254,12 @@ class Store:
                 *actions,
             ],
         )
-        status = _s(reply[0])
+        status = as_str(reply[0])
         if status == "FENCED":
             raise FencedError(f"commit for {url} refused: lease {token} of partition {p} is lost")
         if status == "GONE":
             raise EntityGoneError(url)
-        return [_s(i) for i in reply[1:]]
+        return [as_str(i) for i in reply[1:]]
 
     async def delete(self, url: str, token: str, created: str, acks: list[str]) -> bool:
         """Fenced: delete the entity's log, metadata and snapshot."""
@@ -351,7 +292,9 @@ class Store:
         for p in partitions:
             pipe.zrangebyscore(self.keys.timers(p), "-inf", now_ms, start=0, num=limit)
         replies = await pipe.execute()
-        return [(p, _s(m)) for p, members in zip(partitions, replies, strict=True) for m in members]
+        return [
+            (p, as_str(m)) for p, members in zip(partitions, replies, strict=True) for m in members
+        ]
 
     async def next_timer_ms(self, partitions: list[int]) -> int | None:
         pipe = self.redis.pipeline(transaction=False)
@@ -373,7 +316,7 @@ class Store:
             [k.actions(url), k.log(url), k.meta(url), k.inbox(p)],
             [tool_call_id, event, url],
         )
-        return _s(reply[1]) if int(reply[0]) == 1 else None
+        return as_str(reply[1]) if int(reply[0]) == 1 else None
 
     async def timers_of(self, url: str, created: str) -> list[tuple[str, int, bytes]]:
         """Pending timers of one incarnation of ``url``: (member, due ms, data)."""
@@ -383,10 +326,12 @@ class Store:
         pattern = f"{url}|{created}|*"
         found: list[tuple[str, int]] = []
         async for member, score in self.redis.zscan_iter(k.timers(p), match=pattern, count=500):
-            found.append((_s(member), int(score)))
+            found.append((as_str(member), int(score)))
         if not found:
             return []
-        data = await self.redis.hmget(k.timerdata(p), [m for m, _ in found])
+        data = cast(
+            "list[bytes | None]", await self.redis.hmget(k.timerdata(p), [m for m, _ in found])
+        )
         return sorted(
             ((m, due, d) for (m, due), d in zip(found, data, strict=True) if d is not None),
             key=lambda t: t[1],
@@ -431,14 +376,14 @@ class Store:
         reply = await self._run(
             HEARTBEAT, [self.keys.workers], [worker_id, "" if ttl_ms is None else ttl_ms]
         )
-        return [_s(w) for w in reply]
+        return [as_str(w) for w in reply]
 
     async def acquire(self, partition: int, worker_id: str, ttl_ms: int) -> str | None:
         k = self.keys
         reply = await self._run(
             ACQUIRE, [k.lease(partition), k.epoch(partition)], [worker_id, ttl_ms]
         )
-        return _s(reply) if reply else None
+        return as_str(reply) if reply else None
 
     async def renew(self, partition: int, token: str, ttl_ms: int) -> bool:
         return bool(await self._run(RENEW, [self.keys.lease(partition)], [token, ttl_ms]))
@@ -448,7 +393,7 @@ class Store:
 
     async def lease_owner(self, partition: int) -> str | None:
         value = await self.redis.get(self.keys.lease(partition))
-        return _s(value) if value else None
+        return as_str(value) if value else None
 
     async def ensure_group(self, partition: int) -> None:
         try:
@@ -460,11 +405,14 @@ class Store:
     async def read_inbox(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
     ) -> list[Pointer]:
-        streams = {self.keys.inbox(p): ">" for p in partitions}
-        reply = await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+        streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
+        reply = cast(
+            "list[list[Any]] | None",
+            await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms),
+        )
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
-            Pointer(by_key[_s(stream)], _s(entry_id), _s(fields[b"u"]))
+            Pointer(by_key[as_str(stream)], as_str(entry_id), as_str(fields[b"u"]))
             for stream, entries in (reply or [])
             for entry_id, fields in entries
             if fields
@@ -481,9 +429,11 @@ class Store:
             reply = await self.redis.xautoclaim(
                 key, GROUP, consumer, min_idle_ms, start_id=start, count=count
             )
-            next_start, entries = _s(reply[0]), reply[1]
+            next_start, entries = as_str(reply[0]), reply[1]
             out.extend(
-                Pointer(partition, _s(eid), _s(fields[b"u"])) for eid, fields in entries if fields
+                Pointer(partition, as_str(eid), as_str(fields[b"u"]))
+                for eid, fields in entries
+                if fields
             )
             if next_start == "0-0":
                 return out

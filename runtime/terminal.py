@@ -42,6 +42,7 @@ def _reader_went_away() -> None:
     raise BrokenPipeError
 
 
+# Rich has no setting for this: replace the method on this one console.
 out.on_broken_pipe = _reader_went_away  # type: ignore[method-assign]
 
 

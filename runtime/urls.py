@@ -65,7 +65,8 @@ def validate_type_name(name: object) -> str:
     problem = _type_problem(name)
     if problem:
         raise InvalidTypeNameError(f"invalid entity type name {name!r}: {problem}")
-    return name  # type: ignore[return-value]
+    assert isinstance(name, str)  # _type_problem refuses anything else
+    return name
 
 
 def entity_url(type_name: str, entity_id: str) -> str:

@@ -18,8 +18,8 @@ from wakeful import (
     RunFinished,
     ScriptedModel,
 )
-from wakeful.client import _merged
 from wakeful.errors import EntityNotFoundError, WaitTimeoutError
+from wakeful.following import _merged
 from wakeful.models import ModelResponse
 from wakeful.streamids import id_gt
 

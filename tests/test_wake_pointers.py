@@ -53,3 +53,21 @@ async def test_input_that_arrives_during_a_wake_gets_a_new_pointer(cluster):
     status = await rt.wait_idle("/sink/a", timeout=10)
     assert status.status == "idle"
     assert seen == ["first", "second"]
+
+
+async def test_resume_adds_no_second_pointer_to_a_parked_entity_that_has_one(cluster):
+    seen: list[object] = []
+    client = await cluster.runtime(app(seen), run_worker=False)
+    await client.send("/sink/a", "kept")
+    assert await inbox_len(client, "/sink/a") == 1
+    # Parked while its pointer is still pending (a message sent to a parked entity
+    # gets a pointer; the owner acknowledges it later): resume must not add another.
+    store = client.store
+    await store.redis.hset(store.keys.meta("/sink/a"), "status", "failed")
+    await client.resume("/sink/a")
+    assert await inbox_len(client, "/sink/a") == 1
+    assert (await client.status("/sink/a")).status == "pending"
+    await cluster.runtime(app(seen))  # a worker: the one pointer wakes it
+    assert (await client.wait_idle("/sink/a", timeout=10)).status == "idle"
+    assert seen == ["kept"]
+    assert "woke" not in await client.store.meta("/sink/a")

@@ -1,0 +1,119 @@
+"""The ``wakeful`` command line's surface: its exit codes and arguments.
+
+``cli.py`` runs the commands; this module only declares them (names, flags and
+help texts, and what each exit code means), so the whole surface reads in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Exit codes.
+OK = 0
+ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
+USAGE = 2  # argparse
+RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
+SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
+TIMED_OUT = 5  # ask: not idle within --timeout
+UNREACHABLE = 6  # Redis did not answer
+INTERRUPTED = 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wakeful",
+        description="Durable actors for LLM agents",
+        epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
+        "action, 5 timed out, 6 Redis unreachable, 130 interrupted",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(
+        name: str, help_text: str, *, redis: bool = True, json: bool = True
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if redis:
+            p.add_argument("--redis", help="Redis URL (default: $WAKEFUL_REDIS_URL)")
+        if json:
+            p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    def identity(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--identity",
+            action="append",
+            metavar="KEY=VALUE",
+            help="the trusted identity to act as (repeatable), e.g. user=alice",
+        )
+
+    def follow_reply(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--timeout", type=float, default=120.0, help="seconds to wait for idle (default 120)"
+        )
+        p.add_argument(
+            "--no-input", action="store_true", help="never prompt for approvals (exit 4 instead)"
+        )
+
+    command(
+        "demo",
+        "run the demo on the embedded default (no Redis, no API key)",
+        redis=False,
+        json=False,
+    )
+    p = command("worker", "run a worker", json=False)
+    p.add_argument("app", help="registry to run, as module:attribute")
+    p = command(
+        "serve", "serve entity URLs over HTTP, with the web console at /console/", json=False
+    )
+    p.add_argument("app", help="registry to serve, as module:attribute")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--worker", action="store_true", help="also run a worker in this process")
+    p.add_argument(
+        "--token", action="append", metavar="USER=TOKEN", help="accept Bearer TOKEN as USER"
+    )
+    p = command("send", "send a message to an entity (creating it)")
+    p.add_argument("url")
+    p.add_argument("text")
+    p.add_argument("--idempotency-key")
+    identity(p)
+    p = command("ask", "send a message and stream the reply until the entity is idle")
+    p.add_argument("url")
+    p.add_argument("text")
+    p.add_argument("--idempotency-key")
+    identity(p)
+    follow_reply(p)
+    p = command("tail", "print the entity log; -f follows it, --live adds live output")
+    p.add_argument("url")
+    p.add_argument("--after", help="start after this event id (resume)")
+    p.add_argument("-f", "--follow", action="store_true", help="wait for new events")
+    p.add_argument("--live", action="store_true", help="also text deltas and tool progress")
+    p = command("inspect", "status, lease owner, lag, state, children and pending actions")
+    p.add_argument("url")
+    p.add_argument("--app", help="registry, to decode collections with their row types")
+    p = command("ls", "list entities (of one type) and their status")
+    p.add_argument("type", nargs="?", help="entity type (default: every known type)")
+    p = command("pending", "tool calls of an entity waiting for a client or an approval")
+    p.add_argument("url")
+    for name, help_text in (
+        ("approve", "approve a pending tool call"),
+        ("deny", "deny a pending tool call"),
+    ):
+        p = command(name, help_text)
+        p.add_argument("url")
+        p.add_argument("call", help="the tool call id (see wakeful pending)")
+        if name == "approve":
+            p.add_argument("--input", help="run the call with this JSON input instead")
+        else:
+            p.add_argument("--reason", default="denied by the operator")
+        p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
+        identity(p)
+        follow_reply(p)
+    p = command("resume", "un-park a failed entity")
+    p.add_argument("url")
+    p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
+    p = command("manifest", "print the registry's manifest (always JSON)", redis=False)
+    p.add_argument("app")
+    return parser

@@ -1,0 +1,125 @@
+"""Reading entities: metadata, snapshots, logs and live streams, published types.
+
+The read half of :class:`~wakeful.store.Store` (which adds every write, the
+partition leases, the inbox and timers): plain Redis reads, decoded through
+``replies.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis.asyncio.client import Pipeline
+from redis.typing import KeyT, StreamIdT
+
+from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
+from .script_runner import LOAD, ScriptRunner
+from .streamids import ZERO
+
+# The casts narrow redis-py's replies to what the store's connections return (RESP2,
+# no decoding: lists and bytes); see store.py.
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What a wake reads: the metadata, the snapshot and the log after it."""
+
+    meta: dict[str, bytes]  # the raw hash (empty if the entity is gone)
+    info: EntityMeta | None  # the same, parsed (None if the entity is gone)
+    snapshot: bytes | None
+    entries: list[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    """New entries of an entity's log and live stream (see :meth:`Store.read_entity`)."""
+
+    log: list[Entry]
+    live: list[Entry]
+
+
+class EntityReads(ScriptRunner):
+    """Reads of entity data (see the module docstring)."""
+
+    async def load(self, url: str, after: str | None, page: int = 1000) -> Loaded:
+        """Metadata plus the log after ``after`` (or after the snapshot when None)."""
+        k = self.keys
+        meta_flat, snapshot, raw = await self._run(
+            LOAD, [k.meta(url), k.snap(url), k.log(url)], [after or "", page]
+        )
+        meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+        log = stream_entries(raw)
+        while len(raw) == page:
+            raw = await self.redis.xrange(k.log(url), f"({log[-1][0]}", "+", count=page)
+            log.extend(stream_entries(raw))
+        return Loaded(meta, parse_meta(meta), snapshot, log)
+
+    async def read_log(self, url: str, after: str | None = None, count: int = 1000) -> list[Entry]:
+        start = f"({after}" if after and after != ZERO else "-"
+        return stream_entries(await self.redis.xrange(self.keys.log(url), start, "+", count=count))
+
+    async def newest_log_entries(self, url: str, count: int) -> list[Entry]:
+        """The last ``count`` entries of the entity's log, newest first."""
+        return stream_entries(await self.redis.xrevrange(self.keys.log(url), count=count))
+
+    async def newest_live_id(self, url: str) -> str:
+        """The id of the newest entry of the entity's live stream (``0-0`` if none)."""
+        last = stream_entries(await self.redis.xrevrange(self.keys.live(url), count=1))
+        return last[0][0] if last else ZERO
+
+    async def append_live(self, url: str, events: list[bytes], maxlen: int = 1000) -> None:
+        key = self.keys.live(url)
+
+        def stage(pipe: Pipeline) -> None:
+            for data in events:
+                pipe.xadd(key, {"e": data}, maxlen=maxlen, approximate=True)
+
+        await self.batch.execute(stage)
+
+    async def read_entity(
+        self, url: str, log_after: str, live_after: str | None, block_ms: int | None, count: int
+    ) -> StreamBatch | None:
+        """New entries of the entity's log after ``log_after`` and, unless ``live_after``
+        is None, of its live stream after ``live_after``: one XREAD (both keys are in
+        the entity's partition), blocking up to ``block_ms``. None if there are none."""
+        log_key, live_key = self.keys.log(url), self.keys.live(url)
+        positions: dict[KeyT, StreamIdT] = {log_key: log_after}
+        if live_after is not None:
+            positions[live_key] = live_after
+        reply = cast(
+            "list[list[Any]] | None",
+            await self.redis.xread(positions, count=count, block=block_ms),
+        )
+        if not reply:
+            return None
+        by_key = {as_str(key): stream_entries(raw) for key, raw in reply}
+        return StreamBatch(by_key.get(log_key, []), by_key.get(live_key, []))
+
+    async def meta(self, url: str) -> dict[str, bytes]:
+        """The raw metadata hash (empty if there is no such entity)."""
+        raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.meta(url)))
+        return {as_str(f): v for f, v in raw.items()}
+
+    async def entity_meta(self, url: str) -> EntityMeta | None:
+        """The parsed metadata (None if there is no such entity)."""
+        return parse_meta(await self.meta(url))
+
+    async def snapshot(self, url: str) -> bytes | None:
+        return cast("bytes | None", await self.redis.get(self.keys.snap(url)))
+
+    async def entity_urls(self, type_name: str) -> list[str]:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.smembers(self.keys.typeset(p, type_name))
+        members = await pipe.execute()
+        return sorted(as_str(url) for group in members for url in group)
+
+    async def published_types(self) -> dict[str, bytes]:
+        """Manifests the workers published: type name -> manifest JSON."""
+        raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.types))
+        return {as_str(name): manifest for name, manifest in raw.items()}
+
+    async def published_type_names(self) -> list[str]:
+        """Names of the types the workers published."""
+        return [as_str(name) for name in await self.redis.hkeys(self.keys.types)]
