@@ -447,11 +447,6 @@ async def test_resume_of_a_failed_entity_adds_a_pointer(client, store):
     assert pointer == (await inbox_entries(store, URL))[-1][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runtime.resume sets woke and XADDs a pointer unconditionally: a pointer that a "
-    "send to the failed entity added before the resume stays unacknowledged beside it",
-)
 async def test_resume_adds_no_second_pointer_while_one_is_unacknowledged(client, store):
     created, _ = await create(store, URL, b"m1")
     ptr = await read_pointer(store, URL)
