@@ -53,6 +53,7 @@ from .events import (
     encode_event,
     pack,
 )
+from .fold import check_skipped, initial_state, rebuild
 from .history import project
 from .keys import Keyspace
 from .live import LiveRecord, decode_live
@@ -63,7 +64,7 @@ from .status import EntityStatus, status_from_meta
 from .store import Store, TargetMissingError
 from .streamids import ZERO, id_gt
 from .urls import entity_url, parse_url
-from .worker import Worker, check_skipped
+from .worker import Worker
 
 READ_COUNT = 1000  # entries per stream and read when following an entity
 
@@ -439,27 +440,14 @@ class Runtime:
         if type_name in self.registry:
             collections = self.registry.get(type_name).state
         loaded = await self._store.load(url, None)
-        snap_out = (loaded.meta.get("snap_out") or b"0-0").decode()
-        state = (
-            EntityState.from_snapshot(loaded.snapshot, collections, snap_out)
-            if loaded.snapshot
-            else EntityState(collections)
-        )
-        cursor = (loaded.meta.get("cursor") or b"0-0").decode()
-        records: list[LogRecord] = []
-        handled_undecodable: list[EventDecodeError] = []
-        for entry_id, fields in loaded.entries:
-            try:
-                record = decode_entry(entry_id, fields, url)
-            except EventDecodeError as exc:
-                if id_gt(entry_id, cursor):
-                    raise
-                handled_undecodable.append(exc)  # fine only if an operator skipped it
-                continue
-            records.append(record)
-            state.fold(entry_id, record.event)
-        check_skipped(handled_undecodable, records)
-        return state
+        snap_out = (loaded.meta.get("snap_out") or b"").decode()
+        state = initial_state(collections, loaded.snapshot, snap_out)
+        cursor = (loaded.meta.get("cursor") or b"").decode()
+        folded = rebuild(url, state, loaded.entries, cursor)
+        if folded.undecodable:  # an unhandled entry: its input is unknown, not skippable
+            raise folded.undecodable[0]
+        check_skipped(folded.handled_undecodable, folded.records)  # fine only if skipped
+        return folded.state
 
     async def events(
         self,
