@@ -65,6 +65,7 @@ class Worker:
             "effects_delivered": 0,
         }
         self._stopping = asyncio.Event()
+        self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises
         self._killed = False
         self._scope: anyio.CancelScope | None = None
         self.services = HandlerServices(registry, store, capabilities or [], self._token)
@@ -114,6 +115,12 @@ class Worker:
 
     async def run(self) -> None:
         """Run until :meth:`stop` (returns) or until a loop fails (raises its error)."""
+        try:
+            await self._run()
+        finally:
+            self.stopped.set()
+
+    async def _run(self) -> None:
         await self.store.setup()
         await self.store.publish_types(
             {t.name: msgspec.json.encode(t.manifest()) for t in self.registry}

@@ -179,7 +179,7 @@ async def test_leases_rebalance_when_workers_join_and_leave(cluster, prefix, mon
                 w = rt.worker
                 leaving = w._stopping.is_set()
                 for p, lease in list(w.leases.items()):
-                    if lease.valid() and (not (lease.draining or leaving) or w._busy(p)):
+                    if lease.valid() and (not (lease.draining or leaving) or w.runners.busy(p)):
                         if p in held:
                             double_owned.append((p, f"{held[p]} and {w.id}"))
                         held[p] = w.id
