@@ -40,6 +40,8 @@ from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
 from .ticket import NO_LIMIT, WakeTicket, commit
 
 log = logging.getLogger("wakeful.delivery")
+# Errors after which the outbox stays pending: the next activation delivers it again.
+_POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
 
 
 class Delivery:
@@ -61,7 +63,7 @@ class Delivery:
             failures = await self.deliver(url, batch.outbox.effects)
             self._fault("deliver:before-mark")
             await self._mark(ticket, outbox_id, failures)
-        except (FencedError, EntityGoneError, *TRANSIENT_ERRORS) as exc:
+        except _POSTPONED as exc:
             log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
 
     async def pending(self, ticket: WakeTicket, out_done: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ class Runners:
         """Start no more runners: pointers scheduled from now on stay pending."""
         self._group = None
 
-    def own(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str) -> None:
+    def own(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> None:
         """Run background work of the runners (a capability cleanup) in their group."""
         if self._group is not None:
             self._group.start_soon(func, *args, name=name)

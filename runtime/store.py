@@ -493,7 +493,9 @@ class Store:
 
     async def publish_types(self, manifests: dict[str, bytes]) -> None:
         """Record the manifests of the types a worker runs, for clients and other workers."""
-        await self.redis.hset(self.keys.types, mapping=manifests)
+        # redis-py types ``mapping`` as a Mapping with a union key type: invariant in the
+        # key, so it refuses a dict[str, bytes] although any str key is accepted.
+        await self.redis.hset(self.keys.types, mapping=manifests)  # type: ignore[arg-type]
 
     async def type_published(self, type_name: str) -> bool:
         """Whether some worker published ``type_name`` (its registry has the type)."""

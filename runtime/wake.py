@@ -43,6 +43,8 @@ from .ticket import WakeTicket, commit
 from .urls import parse_url
 
 log = logging.getLogger("wakeful.wake")
+# Errors that end the wake without a trace in the log: the runner retries or gives up.
+_UNCOMMITTED: tuple[type[BaseException], ...] = (FencedError, *TRANSIENT_ERRORS)
 
 
 @dataclass(slots=True)
@@ -201,7 +203,7 @@ class WakePipeline:
         try:
             await wake.entity_type.handler(ctx)
             batch = act.take_commit()
-        except (FencedError, *TRANSIENT_ERRORS):
+        except _UNCOMMITTED:
             self.cache.forget(ticket.url)
             raise
         except WakeInterrupted as exc:  # lease lost or shutting down: resume elsewhere
