@@ -22,11 +22,10 @@ from anyio.abc import TaskGroup
 
 from .cache import WarmCache
 from .config import Settings
-from .context import CancelSignal
 from .errors import FencedError
 from .failures import RetryLater
 from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer
-from .ticket import WakeTicket
+from .ticket import CancelSlot, WakeTicket
 
 log = logging.getLogger("wakeful.runners")
 
@@ -38,7 +37,7 @@ class Runner:
     url: str
     partition: int
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
-    signal: CancelSignal = field(default_factory=CancelSignal)  # of the current activation
+    cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
 
 
 class Runners:
@@ -87,7 +86,7 @@ class Runners:
         with anyio.move_on_after(grace):
             await self.idle.wait()
         for runner in list(self._runners.values()):
-            runner.signal.cancel("worker shutting down", kind="shutdown")
+            runner.cancels.signal.cancel("worker shutting down", kind="shutdown")
 
     # -- what the lease keeper and the listeners call -------------------------------
 
@@ -98,7 +97,7 @@ class Runners:
         self._tracked.pop(partition, None)
         for runner in self._runners.values():
             if runner.partition == partition:
-                runner.signal.cancel(reason, kind="lease")
+                runner.cancels.signal.cancel(reason, kind="lease")
                 runner.pointer_ids.clear()
 
     def busy(self, partition: int) -> bool:
@@ -111,7 +110,7 @@ class Runners:
         """A client cancelled ``url``'s run: tell its wake, if it runs here."""
         runner = self._runners.get(url)
         if runner is not None:
-            runner.signal.cancel(reason, kind="cancel")
+            runner.cancels.signal.cancel(reason, kind="cancel")
 
     def backlog(self) -> int:
         return sum(len(t) for t in self._tracked.values())
@@ -167,8 +166,8 @@ class Runners:
                 token = self._token(runner.partition)
                 if token is None:
                     return
-                runner.signal = signal = CancelSignal()
-                await self._activate(WakeTicket(url, runner.partition, token, pointer_ids, signal))
+                ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
+                await self._activate(ticket)
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)
@@ -188,4 +187,4 @@ class Runners:
 
     async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:
         with anyio.move_on_after(delay):
-            await runner.signal.wait()
+            await runner.cancels.signal.wait()

@@ -10,7 +10,7 @@ one fenced COMMIT script call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .activation import CommitBatch
@@ -23,12 +23,27 @@ NO_LIMIT = 1 << 30
 _NOTHING = CommitBatch()
 
 
+@dataclass(slots=True)
+class CancelSlot:
+    """Where cancel requests for an entity's runner land: the signal of its current wake.
+
+    The pipeline arms a fresh signal right before the handler runs, so a request
+    that came earlier (during the load, or for the previous wake) does not stop
+    it; a client's cancel that raced with the load is an input of this wake."""
+
+    signal: CancelSignal = field(default_factory=CancelSignal)
+
+    def arm(self) -> CancelSignal:
+        self.signal = CancelSignal()
+        return self.signal
+
+
 @dataclass(frozen=True, slots=True)
 class WakeTicket:
     """One activation: the entity, the lease it runs under, the pointers it answers.
 
-    ``signal`` is the activation's cancel signal (the runner sets it when a client
-    cancels, the lease is lost or the worker stops). ``created`` is the entity's incarnation ("" when the entity is gone): a
+    ``cancels`` is the runner's cancel slot (a client cancels, the lease is lost,
+    the worker stops). ``created`` is the entity's incarnation ("" when the entity is gone): a
     commit made for another incarnation is refused as gone. ``pointer_ids`` are
     the ids of the wake pointers (in the partition inbox) the activation
     acknowledges once it commits.
@@ -38,7 +53,7 @@ class WakeTicket:
     partition: int
     token: str
     pointer_ids: list[str]
-    signal: CancelSignal
+    cancels: CancelSlot
     created: str = ""
 
 

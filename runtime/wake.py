@@ -26,7 +26,7 @@ from .activation import INPUT, Activation, CommitBatch
 from .agent import WakeInterrupted
 from .cache import Cached, WarmCache
 from .config import Settings
-from .context import HandlerContext, WakeInfo
+from .context import CancelSignal, HandlerContext, WakeInfo
 from .delivery import Delivery
 from .errors import EventDecodeError, FencedError, UnknownEntityTypeError, UnreadableHistoryError
 from .events import CancelRequested, DeleteRequested, LogRecord, unpack
@@ -198,7 +198,7 @@ class WakePipeline:
         resumed_upto = attempted_last if attempted_first == inputs[0].id else None
         flush = _Flush(self, ticket, act, f"{inputs[0].id} {resumed_upto or inputs[-1].id}")
         live = LivePublisher(self.store.append_live, ticket.url)
-        ctx = self._context(wake, act, flush, live, resumed_upto)
+        ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
         self.stats["handler_calls"] += 1
         try:
             await wake.entity_type.handler(ctx)
@@ -227,6 +227,7 @@ class WakePipeline:
         flush: _Flush,
         live: LivePublisher,
         resumed_upto: str | None,
+        signal: CancelSignal,
     ) -> HandlerContext:
         parsed = parse_url(wake.ticket.url)
         raw_args = wake.meta.get("args")
@@ -238,7 +239,7 @@ class WakePipeline:
             wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto),
             first_wake=_text(wake.meta, "cursor") == ZERO,
             db=act.db,
-            signal=wake.ticket.signal,
+            signal=signal,
             flush=flush,
             activation=act,
             services=self.services,
