@@ -15,11 +15,11 @@ call that started it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-
-import anyio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
@@ -168,20 +168,16 @@ class Delivery:
         self._fault(f"deliver:after-{effect.kind}")
 
 
-async def _all_of(calls: list[Awaitable[None]]) -> None:
+async def _all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
     """Await ``calls`` concurrently in a task group; the first failure cancels the rest
     and is raised as itself (callers catch FencedError and friends, not a group)."""
     if len(calls) == 1:
         await calls[0]  # one target: no task needed
         return
-
-    async def call(awaitable: Awaitable[None]) -> None:
-        await awaitable
-
     try:
-        async with anyio.create_task_group() as group:
-            for awaitable in calls:
-                group.start_soon(call, awaitable)
+        async with asyncio.TaskGroup() as group:  # per outbox: cheaper than anyio's
+            for call in calls:
+                group.create_task(call)
     except BaseExceptionGroup as failed:
         raise _first_leaf(failed) from None
 

@@ -3,8 +3,9 @@
 Wake pointers read from the inboxes (or swept from them) are tracked per
 partition and handed to the entity's :class:`Runner`, which runs the entity's
 activations one at a time (single writer) through the wake pipeline. Every
-runner is a task of the worker's runner task group, so none outlives the
-worker. A runner's own failures are handled per entity: a retry waits and goes
+runner is a task of the worker's runner task group (an ``asyncio.TaskGroup``:
+a runner starts per busy entity, and anyio's ``start_soon`` costs five times
+``create_task``), so none outlives the worker. A runner's own failures are handled per entity: a retry waits and goes
 again, a fenced or interrupted wake gives its pointers up, and a bug in the
 runtime is logged and leaves the pointers pending for a later sweep.
 """
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 
 from .cache import WarmCache
 from .config import Settings
@@ -38,6 +38,7 @@ class Runner:
     partition: int
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
+    task: asyncio.Task[None] | None = None
 
 
 class Runners:
@@ -60,7 +61,7 @@ class Runners:
         self._runners: dict[str, Runner] = {}
         self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
         self._slots = asyncio.Semaphore(settings.max_concurrency)
-        self._group: TaskGroup | None = None
+        self._group: asyncio.TaskGroup | None = None
         self.killed = False
         self.room = asyncio.Event()  # set when pointers are done with (the backlog shrank)
         self.idle = asyncio.Event()  # set while no runner runs
@@ -68,7 +69,7 @@ class Runners:
 
     # -- the task group ------------------------------------------------------------
 
-    def open(self, group: TaskGroup) -> None:
+    def open(self, group: asyncio.TaskGroup) -> None:
         """Start runners in ``group`` from now on."""
         self._group = group
 
@@ -79,7 +80,7 @@ class Runners:
     def own(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> None:
         """Run background work of the runners (a capability cleanup) in their group."""
         if self._group is not None:
-            self._group.start_soon(func, *args, name=name)
+            self._group.create_task(func(*args), name=name)
 
     async def drain(self, grace: float) -> None:
         """Let running activations finish; after ``grace`` seconds, signal them to stop."""
@@ -87,6 +88,18 @@ class Runners:
             await self.idle.wait()
         for runner in list(self._runners.values()):
             runner.cancels.signal.cancel("worker shutting down", kind="shutdown")
+
+    async def stop_all(self) -> None:
+        """Cancel the runners still running, until every one has ended.
+
+        Cancel again until each ends: on Python 3.11 a cancellation can be swallowed
+        by an ``asyncio.wait_for`` inside redis-py (it sends with one when
+        ``socket_timeout`` is set), and a runner that survived a single cancel would
+        hang the shutdown."""
+        while pending := [r.task for r in self._runners.values() if r.task and not r.task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
 
     # -- what the lease keeper and the listeners call -------------------------------
 
@@ -124,7 +137,9 @@ class Runners:
         if runner is None:
             runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
             self.idle.clear()
-            self._group.start_soon(self._run_entity, runner, name=f"wake {pointer.url}")
+            runner.task = self._group.create_task(
+                self._run_entity(runner), name=f"wake {pointer.url}"
+            )
         runner.pointer_ids.append(pointer.entry_id)
 
     def untrack(self, partition: int, pointer_ids: list[str]) -> None:

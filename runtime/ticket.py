@@ -56,6 +56,12 @@ class WakeTicket:
     cancels: CancelSlot
     created: str = ""
 
+    def of_incarnation(self, created: str) -> WakeTicket:
+        """This ticket, once the load told which incarnation of the entity it wakes."""
+        return WakeTicket(
+            self.url, self.partition, self.token, self.pointer_ids, self.cancels, created
+        )
+
 
 async def commit(
     store: Store,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .activation import INPUT, Activation, CommitBatch
 from .agent import WakeInterrupted
@@ -99,7 +99,7 @@ class WakePipeline:
             await commit(self.store, ticket, ack=True)
             self._done(ticket)
             return
-        ticket = replace(ticket, created=_text(meta, "created"))
+        ticket = ticket.of_incarnation(_text(meta, "created"))
         try:
             entity_type = self.registry.get(_text(meta, "type"))
         except UnknownEntityTypeError as exc:

@@ -148,7 +148,7 @@ class Worker:
             if self._killed:
                 worker_group.cancel_scope.cancel()
             worker_group.start_soon(self.lease_keeper.run, name="wakeful-leases")
-            async with anyio.create_task_group() as runner_group:
+            async with asyncio.TaskGroup() as runner_group:
                 self.runners.open(runner_group)
                 try:
                     async with anyio.create_task_group() as loops:
@@ -161,7 +161,8 @@ class Worker:
                         await self.runners.drain(self.settings.shutdown_grace_s)
                 finally:
                     self.runners.close()
-                runner_group.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):  # also when killed or failing
+                        await self.runners.stop_all()
             worker_group.cancel_scope.cancel()  # the lease loop: after the last wake
 
     def _fault(self, point: str) -> None:
