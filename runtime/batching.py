@@ -5,17 +5,26 @@ commit. Sent one by one, every command costs a round trip and ~100 us of client
 CPU. :class:`AutoPipeline` queues the commands issued while a pipeline is in
 flight and sends them together in the next one, so throughput grows with load
 while an idle system still answers in a single round trip.
+
+Its drain and send tasks are started by whichever caller comes first, so no
+task group encloses them: an :class:`~wakeful.tasks.OwnedTasks` owns them, and
+a caller whose command never went out (the drain was cancelled) gets the
+error instead of waiting forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from .tasks import OwnedTasks
+
+log = logging.getLogger("wakeful.batching")
 Stage = Callable[[Pipeline], None]
 
 
@@ -26,6 +35,7 @@ class AutoPipeline:
         self._queue: list[tuple[Stage, asyncio.Future[Any]]] = []
         self._slots = asyncio.Semaphore(max_in_flight)
         self._draining = False
+        self._tasks = OwnedTasks(log)
 
     async def execute(self, stage: Stage) -> Any:
         """Queue the commands ``stage`` adds to a pipeline; return the reply (a list of
@@ -34,7 +44,7 @@ class AutoPipeline:
         self._queue.append((stage, future))
         if not self._draining:
             self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+            self._tasks.start(self._drain(), name="wakeful-pipeline-drain")
         return await future
 
     async def _drain(self) -> None:
@@ -43,7 +53,13 @@ class AutoPipeline:
             while self._queue:
                 await self._slots.acquire()
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                asyncio.get_running_loop().create_task(self._send(batch))
+                self._tasks.start(self._send(batch), name="wakeful-pipeline-send")
+        except BaseException as exc:  # cancelled: the queued callers must not wait forever
+            queued, self._queue = self._queue, []
+            for _, future in queued:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ConnectionError())
+            raise
         finally:
             self._draining = False
 

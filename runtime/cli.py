@@ -115,8 +115,13 @@ async def _worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"worker {rt.worker.id} running {', '.join(registry.names())}", flush=True)
-    await stop.wait()
-    print("shutting down: finishing running wakes", flush=True)
+    # Until a signal, or until the worker dies on its own (rt.close() raises its error).
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.worker.stopped.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if stop.is_set():
+        print("shutting down: finishing running wakes", flush=True)
     await rt.close()
     return OK
 

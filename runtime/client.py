@@ -51,6 +51,7 @@ from .events import (
     encode_event,
     pack,
 )
+from .fold import check_skipped, initial_state, rebuild
 from .following import follow_entity, until_idle
 from .history import project
 from .keys import RUNTIME_EVENT_MAX_BYTES, Keyspace
@@ -60,9 +61,8 @@ from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, entity_status
 from .store import EntityMeta, Store, TargetMissingError
-from .streamids import id_gt
 from .urls import entity_url, parse_url
-from .worker import Worker, check_skipped
+from .worker import Worker
 
 T = TypeVar("T")
 
@@ -364,27 +364,14 @@ class Runtime(PendingActions):
         if type_name in self.registry:
             collections = self.registry.get(type_name).state
         loaded = await self._store.load(url, None)
-        snap_out = (loaded.meta.get("snap_out") or b"0-0").decode()
-        state = (
-            EntityState.from_snapshot(loaded.snapshot, collections, snap_out)
-            if loaded.snapshot
-            else EntityState(collections)
-        )
-        cursor = (loaded.meta.get("cursor") or b"0-0").decode()
-        records: list[LogRecord] = []
-        handled_undecodable: list[EventDecodeError] = []
-        for entry_id, fields in loaded.entries:
-            try:
-                record = decode_entry(entry_id, fields, url)
-            except EventDecodeError as exc:
-                if id_gt(entry_id, cursor):
-                    raise
-                handled_undecodable.append(exc)  # fine only if an operator skipped it
-                continue
-            records.append(record)
-            state.fold(entry_id, record.event)
-        check_skipped(handled_undecodable, records)
-        return state
+        snap_out = (loaded.meta.get("snap_out") or b"").decode()
+        state = initial_state(collections, loaded.snapshot, snap_out)
+        cursor = (loaded.meta.get("cursor") or b"").decode()
+        folded = rebuild(url, state, loaded.entries, cursor)
+        if folded.undecodable:  # an unhandled entry: its input is unknown, not skippable
+            raise folded.undecodable[0]
+        check_skipped(folded.handled_undecodable, folded.records)  # fine only if skipped
+        return folded.state
 
     async def events(
         self,

@@ -33,7 +33,7 @@ from .urls import entity_url, parse_url
 if TYPE_CHECKING:
     from .activation import Activation
     from .agent import Agent, AgentTool
-    from .contracts import AgentDef
+    from .contracts import AgentDef, CapabilityPool
     from .live import LivePublisher
     from .models import Model
     from .registry import EntityType
@@ -164,7 +164,7 @@ class WakeInfo:
 
 
 class Services(Protocol):
-    """What the context needs from the worker."""
+    """What the context needs from the worker (``wakeful.services.HandlerServices``)."""
 
     async def entity_type(self, type_name: str) -> EntityType | None:
         """The registered type; None if only another worker's registry has it; raises
@@ -172,6 +172,12 @@ class Services(Protocol):
         ...
 
     async def status(self, url: str) -> EntityStatus: ...
+
+    async def schedules(self, url: str, created: str) -> list[Schedule]: ...
+
+    async def cancel_schedule(self, url: str, created: str, schedule_id: str) -> bool: ...
+
+    def capabilities_for(self, url: str) -> CapabilityPool: ...
 
 
 class EntityHandle:

@@ -6,6 +6,11 @@ target's partition and the effect's idempotency key, and finally recorded as
 delivered (``meta.out_done``). A crash anywhere in between leaves the entity's
 wake pointer pending, and the next activation calls :meth:`Delivery.pending`,
 which delivers again; the keys make the repeats no-ops.
+
+The effects of one outbox go to their targets concurrently (each target's in
+order), in a task group: if one target's delivery fails, the others are
+cancelled and the whole outbox is retried later, so no delivery outlives the
+call that started it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
@@ -31,9 +37,11 @@ from .events import (
     pack,
 )
 from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
+from .ticket import NO_LIMIT, WakeTicket, commit
 
 log = logging.getLogger("wakeful.delivery")
-_TRANSIENT = TRANSIENT_ERRORS
+# Errors after which the outbox stays pending: the next activation delivers it again.
+_POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
 
 
 class Delivery:
@@ -42,25 +50,25 @@ class Delivery:
         self._fault = fault
         self.stats = stats
 
-    async def after_commit(
-        self, url: str, token: str, created: str, batch: CommitBatch, ids: list[str]
-    ) -> None:
+    async def after_commit(self, ticket: WakeTicket, batch: CommitBatch, ids: list[str]) -> None:
         """Deliver the outbox a commit just wrote. If this fails, the wake pointer the
         commit added makes the next activation (here or on another worker) retry."""
         if batch.outbox is None:
             return
+        url = ticket.url
         outbox_id = next(
             i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
         )
         try:
             failures = await self.deliver(url, batch.outbox.effects)
             self._fault("deliver:before-mark")
-            await self._mark(url, token, created, outbox_id, failures)
-        except (FencedError, EntityGoneError, *_TRANSIENT) as exc:
+            await self._mark(ticket, outbox_id, failures)
+        except _POSTPONED as exc:
             log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
 
-    async def pending(self, url: str, token: str, created: str, out_done: str) -> None:
+    async def pending(self, ticket: WakeTicket, out_done: str) -> None:
         """Deliver every outbox after ``out_done``, in order (after a crash or a fired timer)."""
+        url = ticket.url
         position = out_done
         while True:
             entries = await self.store.read_log(url, position, count=500)
@@ -75,18 +83,14 @@ class Delivery:
                 if isinstance(event, Outbox | TimerFired):
                     failures = await self.deliver(url, event.effects)
                     self._fault("deliver:before-mark")
-                    await self._mark(url, token, created, entry_id, failures)
+                    await self._mark(ticket, entry_id, failures)
 
     async def _mark(
-        self, url: str, token: str, created: str, outbox_id: str, failures: list[DeliveryFailed]
+        self, ticket: WakeTicket, outbox_id: str, failures: list[DeliveryFailed]
     ) -> None:
-        await self.store.commit(
-            url,
-            token,
-            events=[(INPUT, encode_event(f, limit=1 << 30)) for f in failures],
-            fields={"out_done": outbox_id},
-            created=created,
-        )
+        """Record the outbox as delivered; failed deliveries become inputs of the sender."""
+        events = [(INPUT, encode_event(f, limit=NO_LIMIT)) for f in failures]
+        await commit(self.store, ticket, CommitBatch(events=events), fields={"out_done": outbox_id})
 
     async def deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
         """Deliver effects: targets concurrently, each target's effects in order."""
@@ -109,7 +113,7 @@ class Delivery:
                             "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
                         )
 
-        await asyncio.gather(*(deliver_to(group) for group in by_target.values()))
+        await _all_of([deliver_to(group) for group in by_target.values()])
         self.stats["effects_delivered"] += len(effects)
         return failures
 
@@ -125,7 +129,7 @@ class Delivery:
             self._fault("deliver:after-expire")
             return
         target_type = effect.target.split("/")[1]
-        created = encode_event(Created(type=target_type, parent=None), limit=1 << 30)
+        created = encode_event(Created(type=target_type, parent=None), limit=NO_LIMIT)
         events: list[tuple[str, bytes]] = []
         args = b""
         parent = ""
@@ -133,7 +137,7 @@ class Delivery:
         if effect.kind == "spawn":
             mode, parent, args = "create", sender, pack(effect.args)
             created = encode_event(
-                Created(type=target_type, args=effect.args, parent=sender), limit=1 << 30
+                Created(type=target_type, args=effect.args, parent=sender), limit=NO_LIMIT
             )
             if effect.subscribe is not None:
                 events.append(
@@ -147,10 +151,10 @@ class Delivery:
         elif effect.kind == "send":
             mode = "send"
         elif effect.notice is not None:  # notify, cancel
-            events.append((INPUT, encode_event(effect.notice, limit=1 << 30)))
+            events.append((INPUT, encode_event(effect.notice, limit=NO_LIMIT)))
         if effect.has_payload:
             message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
-            events.append((INPUT, encode_event(message, limit=1 << 30)))
+            events.append((INPUT, encode_event(message, limit=NO_LIMIT)))
         await self.store.append_input(
             effect.target,
             target_type,
@@ -162,3 +166,22 @@ class Delivery:
             idempotency_key=effect.key,
         )
         self._fault(f"deliver:after-{effect.kind}")
+
+
+async def _all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
+    """Await ``calls`` concurrently in a task group; the first failure cancels the rest
+    and is raised as itself (callers catch FencedError and friends, not a group)."""
+    if len(calls) == 1:
+        await calls[0]  # one target: no task needed
+        return
+    try:
+        async with asyncio.TaskGroup() as group:  # per outbox: cheaper than anyio's
+            for call in calls:
+                group.create_task(call)
+    except BaseExceptionGroup as failed:
+        raise _first_leaf(failed) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -5,6 +5,10 @@ stream per entity (``<prefix>:{pN}:live:<url>``). Clients follow it to show
 tokens as they come and resume from their last id after a disconnect; only
 whole messages go to the entity log. Live output is best effort: if Redis
 refuses a write the deltas are dropped and the durable log still has the result.
+
+A :class:`LivePublisher` belongs to one wake and has at most one writer task at a
+time; the wake closes it (:meth:`LivePublisher.aclose`) before it commits, so no
+writer outlives its wake.
 """
 
 from __future__ import annotations
@@ -83,7 +87,15 @@ class LivePublisher:
         follower sees the deltas of a message before the message itself)."""
         self._start()
         while self._task is not None and not self._task.done():
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task})  # the writer logs its own failures
+
+    async def aclose(self) -> None:
+        """Drain, and if the wake is cancelled meanwhile, stop the writer with it."""
+        try:
+            await self.drain()
+        finally:
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
 
     def _push(self, event: LiveEvent) -> None:
         self._buffer.append(event)

@@ -4,6 +4,10 @@ Each commit that moves an entity's cursor publishes on ``<prefix>:idle:<url>``.
 A client waiting for several entities (or many ``ask`` calls at once) shares
 one subscription connection instead of holding one connection per wait, which
 would exhaust the connection pool at about a hundred concurrent waits.
+
+The reader task is started by the first watch and ends when nobody watches; it
+belongs to the :class:`Notices` (an :class:`~wakeful.tasks.OwnedTasks`), which
+cancels it on :meth:`Notices.aclose`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from .tasks import OwnedTasks
+
 log = logging.getLogger("wakeful.notices")
 
 
@@ -25,6 +31,7 @@ class Notices:
         self._reader: asyncio.Task[None] | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._lock = asyncio.Lock()
+        self._tasks = OwnedTasks(log)
 
     async def watch(self, channel: str) -> asyncio.Event:
         """Start watching ``channel``; the returned event is set on each notice.
@@ -41,7 +48,7 @@ class Notices:
             if first:
                 await self._pubsub.subscribe(channel)
             if self._reader is None or self._reader.done():
-                self._reader = asyncio.get_running_loop().create_task(self._read())
+                self._reader = self._tasks.start(self._read(), name="wakeful-idle-notices")
         return event
 
     async def unwatch(self, channel: str, event: asyncio.Event) -> None:
@@ -73,10 +80,7 @@ class Notices:
                 event.set()
 
     async def aclose(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reader
+        await self._tasks.aclose()
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()

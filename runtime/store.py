@@ -438,3 +438,63 @@ class Store(EntityReads):
             if next_start == "0-0":
                 return out
             start = next_start
+
+    # -- the worker's plain commands (engine) ---------------------------------
+
+    async def publish_types(self, manifests: dict[str, bytes]) -> None:
+        """Record the manifests of the types a worker runs, for clients and other workers."""
+        # redis-py types ``mapping`` as a Mapping with a union key type: invariant in the
+        # key, so it refuses a dict[str, bytes] although any str key is accepted.
+        await self.redis.hset(self.keys.types, mapping=manifests)  # type: ignore[arg-type]
+
+    async def type_published(self, type_name: str) -> bool:
+        """Whether some worker published ``type_name`` (its registry has the type)."""
+        return bool(await self.redis.hexists(self.keys.types, type_name))
+
+    async def read_wake_pointers(
+        self, partitions: list[int], consumer: str, count: int, block_ms: int
+    ) -> list[Pointer]:
+        """:meth:`read_inbox`; if Redis lost a consumer group (a restart without
+        persistence), recreate the groups and return no pointers (the caller reads again)."""
+        try:
+            return await self.read_inbox(partitions, consumer, count, block_ms)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        for p in partitions:
+            await self.ensure_group(p)
+        return []
+
+    def cancel_requests(self) -> CancelRequests:
+        """A subscription to every entity's cancel channel (``rt.cancel`` publishes there);
+        use it as ``async with store.cancel_requests() as requests``."""
+        return CancelRequests(self.redis.pubsub(), self.keys.cancel_channel(""))
+
+
+class CancelRequests:
+    """The worker's cancel subscription: :meth:`next` yields ``(url, reason)`` pairs."""
+
+    def __init__(self, pubsub: Any, prefix: str) -> None:
+        self._pubsub = pubsub
+        self._prefix = prefix
+
+    async def __aenter__(self) -> CancelRequests:
+        try:
+            await self._pubsub.psubscribe(self._prefix + "*")
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self._pubsub.aclose()
+        except Exception:  # the connection is gone already: nothing to close
+            return
+
+    async def next(self, timeout: float) -> tuple[str, str] | None:
+        """The next cancel request, or None if none came within ``timeout`` seconds."""
+        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        if message is None or message.get("type") != "pmessage":
+            return None
+        return as_str(message["channel"])[len(self._prefix) :], as_str(message["data"])

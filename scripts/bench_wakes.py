@@ -201,7 +201,7 @@ async def paced(total: int, rate: float, send: Callable[[range], Awaitable[None]
 
 async def until_idle(worker: Worker) -> None:
     """Until the worker runs no wake and holds no unacknowledged pointer."""
-    while worker._runners or worker._backlog():
+    while not worker.runners.idle.is_set() or worker.runners.backlog():
         await asyncio.sleep(0.001)
 
 

@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 
-import wakeful.worker as worker_module
+import wakeful.leases as lease_module
 from tests.apps import crashy
 from tests.apps.harness import assert_exactly_once, until, wait_all_idle
 from wakeful import FencedError, StateChanged
 from wakeful.events import Op, encode_event, pack
-from wakeful.worker import rendezvous_owner
+from wakeful.leases import rendezvous_owner
 
 pytestmark = pytest.mark.anyio
 PARTITIONS = 4
@@ -135,7 +135,7 @@ def split_ids() -> tuple[str, str]:
 async def test_leases_rebalance_when_workers_join_and_leave(cluster, prefix, monkeypatch):
     a_id, b_id = split_ids()
     ids = iter([a_id, b_id])
-    monkeypatch.setattr(worker_module, "new_worker_id", lambda: next(ids))
+    monkeypatch.setattr(lease_module, "new_worker_id", lambda: next(ids))
     side = cluster.redis()
     reg = crashy.build_registry(lambda: side, prefix)
     sender = await cluster.runtime(reg, run_worker=False)
@@ -179,7 +179,7 @@ async def test_leases_rebalance_when_workers_join_and_leave(cluster, prefix, mon
                 w = rt.worker
                 leaving = w._stopping.is_set()
                 for p, lease in list(w.leases.items()):
-                    if lease.valid() and (not (lease.draining or leaving) or w._busy(p)):
+                    if lease.valid() and (not (lease.draining or leaving) or w.runners.busy(p)):
                         if p in held:
                             double_owned.append((p, f"{held[p]} and {w.id}"))
                         held[p] = w.id

@@ -1,0 +1,209 @@
+"""Partition leases: which partitions this worker owns, acquired, renewed and handed back.
+
+A worker may wake an entity only while it holds the fenced lease of the entity's
+partition. The :class:`LeaseKeeper` heartbeats the worker into
+``<prefix>:workers``, computes the partitions it should own (rendezvous hashing
+over the live workers, so a change of membership moves few partitions), renews
+the leases it holds, acquires the ones it should own, and hands back the ones it
+should not once their wakes are done. Each tick it also sweeps the owned inboxes
+for wake pointers a crashed or fenced owner read but never acknowledged.
+
+What runs the entities of a partition is a :class:`PartitionUser` (the
+worker's runners): it is told when a partition is adopted or lost and gets the
+swept pointers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+
+from .config import Settings
+from .store import TRANSIENT_ERRORS, Pointer, Store
+
+log = logging.getLogger("wakeful.leases")
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def rendezvous_owner(partition: int, workers: list[str]) -> str | None:
+    """The worker that should own ``partition``: stable, and moves few partitions on change."""
+    if not workers:
+        return None
+    return max(workers, key=lambda w: zlib.crc32(f"{w}/{partition}".encode()))
+
+
+@dataclass
+class Lease:
+    token: str
+    valid_until: float  # time.monotonic(); conservative: measured from before the renew call
+    draining: bool = False
+
+    def valid(self) -> bool:
+        return time.monotonic() < self.valid_until
+
+
+class PartitionUser(Protocol):
+    """What runs the entities of the partitions the keeper holds."""
+
+    def adopt(self, partition: int) -> None:
+        """The partition is now held: start tracking its wake pointers."""
+
+    def abandon(self, partition: int, reason: str) -> None:
+        """The partition is lost or handed over: stop its wakes, forget its pointers."""
+
+    def schedule(self, pointer: Pointer) -> None:
+        """Wake the entity of ``pointer`` (a pointer swept from the partition's inbox)."""
+
+    def busy(self, partition: int) -> bool:
+        """Whether a wake of the partition is still running."""
+
+
+class LeaseKeeper:
+    """The leases of one worker; :meth:`run` is its heartbeat loop."""
+
+    def __init__(self, store: Store, settings: Settings, worker_id: str, user: PartitionUser):
+        self.store = store
+        self.settings = settings
+        self.worker_id = worker_id
+        self.user = user
+        self.held: dict[int, Lease] = {}
+        self.changed = asyncio.Event()  # the set of readable partitions changed
+        self.ready = asyncio.Event()  # set after the first successful tick
+        self._last_sweep = 0.0
+
+    # -- queries -------------------------------------------------------------
+
+    def token(self, partition: int) -> str | None:
+        """The fencing token of ``partition`` if its lease is held and still valid."""
+        lease = self.held.get(partition)
+        return lease.token if lease is not None and lease.valid() else None
+
+    def readable(self) -> list[int]:
+        """Partitions whose inboxes to read: held, valid, not being handed over."""
+        return [p for p, lease in self.held.items() if not lease.draining and lease.valid()]
+
+    def active(self) -> list[int]:
+        """Partitions held and not being handed over (their timers fire here)."""
+        return [p for p, lease in self.held.items() if not lease.draining]
+
+    # -- the loop ------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Tick every heartbeat. A failed tick is logged and retried: leases that could
+        not be renewed in time are dropped (their wakes stop), so nothing writes on
+        a lease another worker may hold by now."""
+        interval = self.settings.heartbeat_ms / 1000
+        while True:
+            try:
+                await self.tick()
+                self.ready.set()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("worker %s: lease tick failed: %s", self.worker_id, exc)
+                self.expire_invalid()
+            except Exception:  # a failed tick must not end the heartbeat: retry it
+                log.exception("worker %s: lease tick failed", self.worker_id)
+                self.expire_invalid()
+            await anyio.sleep(interval)
+
+    async def tick(self) -> None:
+        s = self.settings
+        live = await self.store.heartbeat(self.worker_id, s.lease_ttl_ms * 2)
+        if self.worker_id not in live:
+            live.append(self.worker_id)
+        desired = {p for p in range(s.partitions) if rendezvous_owner(p, live) == self.worker_id}
+        changed = await self._renew()
+        changed = await self._acquire(desired) or changed
+        changed = await self._hand_over(desired) or changed
+        await self._sweep()
+        if changed:
+            self.changed.set()
+
+    async def _renew(self) -> bool:
+        ttl_ms = self.settings.lease_ttl_ms
+        lost = False
+        for partition, lease in list(self.held.items()):
+            started = time.monotonic()
+            if await self.store.renew(partition, lease.token, ttl_ms):
+                lease.valid_until = started + ttl_ms / 1000
+            else:
+                self.lose(partition, "lease lost")
+                lost = True
+        return lost
+
+    async def _acquire(self, desired: set[int]) -> bool:
+        ttl_ms = self.settings.lease_ttl_ms
+        acquired = False
+        for partition in sorted(desired - self.held.keys()):
+            started = time.monotonic()
+            token = await self.store.acquire(partition, self.worker_id, ttl_ms)
+            if token is None:
+                continue  # still held by its previous owner; it hands it over when it sees us
+            self.held[partition] = Lease(token, started + ttl_ms / 1000)
+            self.user.adopt(partition)
+            await self.store.ensure_group(partition)
+            for pointer in await self.store.claim_pending(partition, self.worker_id, 0):
+                self.user.schedule(pointer)
+            log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
+            acquired = True
+        return acquired
+
+    async def _hand_over(self, desired: set[int]) -> bool:
+        changed = False
+        for partition, lease in list(self.held.items()):
+            if partition not in desired and not lease.draining:
+                lease.draining = True  # stop reading; released once its runners are done
+                changed = True
+            if lease.draining and not self.user.busy(partition):
+                await self.store.release(partition, lease.token)
+                self.held.pop(partition, None)
+                self.user.abandon(partition, "handed over")
+                log.info("worker %s handed over partition %d", self.worker_id, partition)
+        return changed
+
+    async def _sweep(self) -> None:
+        """Once per lease period: take over pointers that stayed unacknowledged too long."""
+        ttl_ms = self.settings.lease_ttl_ms
+        now = time.monotonic()
+        if now - self._last_sweep < ttl_ms / 1000:
+            return
+        self._last_sweep = now
+        for partition, lease in list(self.held.items()):
+            if lease.draining:
+                continue
+            for pointer in await self.store.claim_pending(partition, self.worker_id, ttl_ms):
+                self.user.schedule(pointer)
+
+    # -- losing and releasing -------------------------------------------------
+
+    def expire_invalid(self) -> None:
+        for partition, lease in list(self.held.items()):
+            if not lease.valid():
+                self.lose(partition, "lease expired (Redis unreachable)")
+
+    def lose(self, partition: int, reason: str) -> None:
+        log.warning("worker %s lost partition %d: %s", self.worker_id, partition, reason)
+        self.held.pop(partition, None)
+        self.user.abandon(partition, reason)
+        self.changed.set()
+
+    async def release_all(self) -> None:
+        """Hand back every lease and leave the worker set (graceful shutdown)."""
+        try:
+            for partition, lease in list(self.held.items()):
+                await self.store.release(partition, lease.token)
+            await self.store.heartbeat(self.worker_id, None)
+        except TRANSIENT_ERRORS:
+            pass  # Redis is gone: the leases expire on their own
+        self.held.clear()

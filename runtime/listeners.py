@@ -1,0 +1,114 @@
+"""The worker's listeners: the inbox reader, the timer loop and the cancel relay.
+
+* :meth:`Listeners.read_inboxes` blocks on XREADGROUP over the owned inboxes
+  and hands each wake pointer to the entity's runner (holding back while the
+  backlog is full);
+* :meth:`Listeners.fire_timers` fires the due timers of the owned partitions;
+* :meth:`Listeners.relay_cancels` passes ``rt.cancel`` requests (pub/sub) to
+  the wake they concern, if it runs here.
+
+Each is a loop of the worker's task group: Redis being unreachable is retried
+here, anything else ends the loop with an error, which stops the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from .config import Settings
+from .leases import LeaseKeeper
+from .runners import Runners
+from .store import TRANSIENT_ERRORS, Store
+
+log = logging.getLogger("wakeful.listeners")
+
+
+class Listeners:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        worker_id: str,
+        leases: LeaseKeeper,
+        runners: Runners,
+        fault: Callable[[str], None],
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.worker_id = worker_id
+        self.leases = leases
+        self.runners = runners
+        self._fault = fault
+
+    async def read_inboxes(self) -> None:
+        s = self.settings
+        max_backlog = s.max_concurrency * 4
+        while True:
+            partitions = self.leases.readable()
+            if not partitions:
+                self.leases.changed.clear()
+                with anyio.move_on_after(s.heartbeat_ms / 1000):
+                    await self.leases.changed.wait()
+                continue
+            if self.runners.backlog() >= max_backlog:
+                self.runners.room.clear()
+                with anyio.move_on_after(1.0):
+                    await self.runners.room.wait()
+                continue
+            try:
+                pointers = await self.store.read_wake_pointers(
+                    partitions, self.worker_id, s.read_count, s.block_ms
+                )
+            except TRANSIENT_ERRORS as exc:
+                log.warning("worker %s: inbox read failed: %s", self.worker_id, exc)
+                await anyio.sleep(0.2)
+                continue
+            for pointer in pointers:
+                if self.leases.token(pointer.partition) is not None:
+                    self.runners.schedule(pointer)
+
+    async def fire_timers(self) -> None:
+        """Fire due timers of the owned partitions; sleeps until the next one (max 250 ms)."""
+        while True:
+            delay = 0.25
+            try:
+                partitions = self.leases.active()
+                if partitions:
+                    delay = await self._fire_due(partitions, delay)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("worker %s: timer check failed: %s", self.worker_id, exc)
+            await anyio.sleep(max(delay, 0.005))
+
+    async def _fire_due(self, partitions: list[int], delay: float) -> float:
+        now = int(time.time() * 1000)
+        for partition, member in await self.store.due_timers(partitions, now):
+            token = self.leases.token(partition)
+            if token is not None:
+                self._fault("timer:before-fire")
+                await self.store.fire_timer(partition, token, member)
+                self._fault("timer:after-fire")
+        upcoming = await self.store.next_timer_ms(partitions)
+        if upcoming is not None:
+            delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
+        return delay
+
+    async def relay_cancels(self) -> None:
+        """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.
+
+        The cancel request is also an input in the entity's log, so a wake that
+        starts later (or on another worker) still sees it."""
+        while True:
+            try:
+                async with self.store.cancel_requests() as requests:
+                    while True:
+                        request = await requests.next(timeout=1.0)
+                        if request is not None:
+                            url, reason = request
+                            self.runners.cancel(url, reason or "cancelled")
+            except TRANSIENT_ERRORS as exc:
+                log.warning("worker %s: cancel listener reconnecting: %s", self.worker_id, exc)
+                await anyio.sleep(0.5)

@@ -1,0 +1,357 @@
+"""The wake pipeline: load -> rebuild -> run the handler -> commit (or park, or delete).
+
+:meth:`WakePipeline.activate` takes a :class:`WakeTicket` for one entity and:
+
+1. **loads** the entity (metadata, snapshot and log tail in one script call; the
+   warm cache spares the snapshot and the replay),
+2. delivers an outbox a crash left undelivered,
+3. **rebuilds** the state (:func:`wakeful.fold.rebuild`) and collects the inputs
+   after the cursor,
+4. routes: nothing to do (acknowledge), unreadable (park), a delete request
+   (delete), else a **wake**: run the handler on the inputs and **commit** with
+   one fenced script that appends the writes, advances the cursor and
+   acknowledges the wake pointers; then deliver the outbox.
+
+A worker that lost its lease cannot commit, so a zombie writes nothing.
+Failures of the handler go to :class:`~wakeful.failures.Parking`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .activation import INPUT, Activation, CommitBatch
+from .agent import WakeInterrupted
+from .cache import Cached, WarmCache
+from .config import Settings
+from .context import CancelSignal, HandlerContext, WakeInfo
+from .delivery import Delivery
+from .errors import EventDecodeError, FencedError, UnknownEntityTypeError, UnreadableHistoryError
+from .events import CancelRequested, DeleteRequested, LogRecord, unpack
+from .failures import Parking
+from .fold import Rebuilt, check_skipped, initial_state, rebuild
+from .live import LivePublisher
+from .registry import EntityType, Registry
+from .scope import CURRENT_TOOL_CALL
+from .services import HandlerServices
+from .state import Database, EntityState
+from .store import TRANSIENT_ERRORS, Loaded, Store
+from .streamids import ZERO, id_gt, max_id
+from .ticket import WakeTicket, commit
+from .urls import parse_url
+
+log = logging.getLogger("wakeful.pipeline")
+# Errors that end the wake without a trace in the log: the runner retries or gives up.
+_UNCOMMITTED: tuple[type[BaseException], ...] = (FencedError, *TRANSIENT_ERRORS)
+
+
+@dataclass(slots=True)
+class Wake:
+    """One handler run: the folded state, the inputs it handles, where the fold stopped.
+
+    ``remember=False`` when the state was folded past inputs this wake leaves for
+    the next one: it must not be cached."""
+
+    ticket: WakeTicket
+    entity_type: EntityType
+    meta: dict[str, bytes]
+    state: EntityState
+    inputs: list[LogRecord]
+    pos: str  # the last log entry folded into ``state``
+    since: int  # entries folded since the last snapshot
+    remember: bool = True
+
+
+class WakePipeline:
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        store: Store,
+        settings: Settings,
+        services: HandlerServices,
+        delivery: Delivery,
+        cache: WarmCache,
+        stats: dict[str, int],
+        fault: Callable[[str], None],
+        done: Callable[[WakeTicket], None],
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.settings = settings
+        self.services = services
+        self.delivery = delivery
+        self.cache = cache
+        self.stats = stats
+        self._fault = fault
+        self._done = done  # the ticket's pointers are acknowledged (or given up)
+        self.parking = Parking(store, settings, delivery, cache, done)
+
+    # -- load, rebuild, route --------------------------------------------------
+
+    async def activate(self, ticket: WakeTicket) -> None:
+        self.stats["activations"] += 1
+        loaded, cached = await self._load(ticket.url)
+        meta = loaded.meta
+        if not meta:  # deleted entity: nothing to wake, just acknowledge the pointers
+            await commit(self.store, ticket, ack=True)
+            self._done(ticket)
+            return
+        ticket = ticket.of_incarnation(_text(meta, "created"))
+        try:
+            entity_type = self.registry.get(_text(meta, "type"))
+        except UnknownEntityTypeError as exc:
+            await self.parking.park(ticket, str(exc), [], int(meta.get("attempts", 0)))
+            return
+        out_done = _text(meta, "out_done") or ZERO
+        if id_gt(_text(meta, "out_last") or ZERO, out_done):
+            await self.delivery.pending(ticket, out_done)
+        parked = meta.get("status") == b"failed"
+        try:
+            folded = self._fold(ticket.url, entity_type, cached, loaded)
+        except UnreadableHistoryError as exc:  # the state is unknown: park (once)
+            self.cache.forget(ticket.url)
+            if parked:
+                await commit(self.store, ticket, ack=True)
+                self._done(ticket)
+            else:
+                await self.parking.park(ticket, str(exc), exc.stream_ids, 0)
+            return
+        pos = folded.records[-1].id if folded.records else (cached.pos if cached else ZERO)
+        since = (cached.since_snapshot if cached else 0) + len(loaded.entries)
+        wake = Wake(ticket, entity_type, meta, folded.state, folded.inputs, pos, since)
+        if parked or not (folded.inputs or folded.undecodable):
+            await self._nothing_to_do(wake, parked)
+        elif folded.undecodable:
+            await self._up_to_undecodable(wake, folded.undecodable)
+        elif any(isinstance(r.event, DeleteRequested) for r in wake.inputs):
+            await self._delete(wake)
+        else:
+            await self._run(wake)
+
+    async def _load(self, url: str) -> tuple[Loaded, Cached | None]:
+        """The entity's metadata and log after the warm state (all of it if not warm)."""
+        cached = self.cache.get(url)
+        loaded = await self.store.load(url, cached.pos if cached else None)
+        if cached is not None and cached.created != _text(loaded.meta, "created"):
+            self.cache.forget(url)  # deleted and re-created: the warm state is another's
+            return await self.store.load(url, None), None
+        return loaded, cached
+
+    def _fold(
+        self, url: str, entity_type: EntityType, cached: Cached | None, loaded: Loaded
+    ) -> Rebuilt:
+        """Fold the loaded log tail into the state; collect the inputs after the cursor."""
+        if cached is not None:
+            state = cached.state
+        else:
+            snap_out = _text(loaded.meta, "snap_out")
+            state = initial_state(entity_type.state, loaded.snapshot, snap_out)
+        folded = rebuild(url, state, loaded.entries, _text(loaded.meta, "cursor"))
+        check_skipped(folded.handled_undecodable, folded.records)
+        return folded
+
+    async def _nothing_to_do(self, wake: Wake, parked: bool) -> None:
+        """Parked, or every input was already handled by an earlier wake: acknowledge."""
+        ticket = wake.ticket
+        if parked:
+            # Not cached: the warm position would pass the unhandled inputs, and the
+            # wake after a resume must read them again.
+            self.cache.forget(ticket.url)
+        else:
+            self.cache.remember(ticket.url, wake.state, wake.pos, ticket.created, wake.since)
+        await commit(self.store, ticket, ack=True)
+        self._done(ticket)
+
+    async def _up_to_undecodable(self, wake: Wake, undecodable: list[EventDecodeError]) -> None:
+        """Handle the inputs before the unreadable entry first (the next wake parks on it),
+        so that skipping it later skips nothing else; or park now if there are none."""
+        first_bad = undecodable[0].stream_id
+        readable = [r for r in wake.inputs if id_gt(first_bad, r.id)]
+        if readable and not any(isinstance(r.event, DeleteRequested) for r in readable):
+            wake.inputs, wake.remember = readable, False  # folded past them: not cached
+            await self._run(wake)
+            return
+        error = "; ".join(str(e) for e in undecodable)
+        await self.parking.park(wake.ticket, error, [e.stream_id for e in undecodable], 0)
+
+    # -- the handler -----------------------------------------------------------
+
+    async def _run(self, wake: Wake) -> None:
+        """Run the handler on ``wake.inputs`` and commit."""
+        ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
+        attempts = int(meta.get("attempts", 0))
+        open_run = state.system.run
+        act = self._activation(ticket, state, wake.entity_type, inputs)
+        cancel = next(
+            (r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None
+        )
+        if cancel is not None:
+            act.cancel_effects(cancel.reason)
+        # A commit point inside the wake leaves the cursor where it is: mark the inputs
+        # as partly handled ("<first> <last>" input of the attempt), so that a retried
+        # wake knows which of its inputs an earlier attempt had (ctx.wake.resumed_upto).
+        partial = _text(meta, "partial")
+        attempted_first, _, attempted_last = partial.partition(" ")
+        resumed_upto = attempted_last if attempted_first == inputs[0].id else None
+        flush = _Flush(self, ticket, act, f"{inputs[0].id} {resumed_upto or inputs[-1].id}")
+        live = LivePublisher(self.store.append_live, ticket.url)
+        ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
+        self.stats["handler_calls"] += 1
+        try:
+            await wake.entity_type.handler(ctx)
+            batch = act.take_commit()
+        except _UNCOMMITTED:
+            self.cache.forget(ticket.url)
+            raise
+        except WakeInterrupted as exc:  # lease lost or shutting down: resume elsewhere
+            log.info("wake of %s interrupted: %s", ticket.url, exc)
+            self.cache.forget(ticket.url)
+            self._done(ticket)
+            return
+        except Exception as exc:
+            self.cache.forget(ticket.url)  # the state holds writes that never committed
+            state.system.run = open_run
+            await self.parking.handler_failed(ticket, inputs, attempts, exc, act)
+            return
+        finally:
+            await live.aclose()
+        await self._commit(wake, batch, handled_partial=bool(partial) or flush.flushed)
+
+    def _context(
+        self,
+        wake: Wake,
+        act: Activation,
+        flush: _Flush,
+        live: LivePublisher,
+        resumed_upto: str | None,
+        signal: CancelSignal,
+    ) -> HandlerContext:
+        parsed = parse_url(wake.ticket.url)
+        raw_args = wake.meta.get("args")
+        return HandlerContext(
+            entity_url=wake.ticket.url,
+            entity_type=parsed.type,
+            entity_id=parsed.id,
+            args=wake.entity_type.typed_args(unpack(raw_args) if raw_args else None),
+            wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto),
+            first_wake=_text(wake.meta, "cursor") == ZERO,
+            db=act.db,
+            signal=signal,
+            flush=flush,
+            activation=act,
+            services=self.services,
+            live=live,
+        )
+
+    async def _commit(self, wake: Wake, batch: CommitBatch, *, handled_partial: bool) -> None:
+        """The wake's final commit: its writes, the cursor past its inputs, the acks."""
+        ticket, state = wake.ticket, wake.state
+        since = wake.since + len(batch.events)
+        snapshot = b""
+        if since >= self.settings.snapshot_every:
+            snapshot = state.snapshot()
+            since = 0
+        fields: dict[str, object] = {}
+        if int(wake.meta.get("attempts", 0)):
+            fields["attempts"] = 0
+        if handled_partial:
+            fields["partial"] = ""  # these inputs are handled now
+        self._fault("wake:before-commit")
+        awaited = state.system.awaited_children()
+        if awaited != int(wake.meta.get("waiting") or 0):
+            fields["waiting"] = awaited
+        ids = await commit(
+            self.store,
+            ticket,
+            batch,
+            ack=True,
+            cursor=max_id([r.id for r in wake.inputs]),
+            fields=fields,
+            snapshot=snapshot,
+            snapshot_seen=wake.pos,
+            snapshot_out=state.applied,
+        )
+        _note_applied(state, batch.events, ids)
+        self._fault("wake:after-commit")
+        if wake.remember:
+            self.cache.remember(ticket.url, state, wake.pos, ticket.created, since)
+        else:
+            self.cache.forget(ticket.url)
+        self._done(ticket)
+        await self.delivery.after_commit(ticket, batch, ids)
+
+    # -- deletion --------------------------------------------------------------
+
+    async def _delete(self, wake: Wake) -> None:
+        """Finish the open run as cancelled, cancel children per policy, then delete."""
+        ticket = wake.ticket
+        act = self._activation(ticket, wake.state, wake.entity_type, wake.inputs)
+        act.cancel_effects("entity deleted")
+        batch = act.take_commit()
+        if batch:
+            ids = await commit(self.store, ticket, CommitBatch(events=batch.events))
+            if batch.outbox is not None:
+                # The notices must land before the log goes.
+                await self.delivery.deliver(ticket.url, batch.outbox.effects)
+                await commit(self.store, ticket, fields={"out_done": ids[-1]})
+        self.cache.forget(ticket.url)
+        await self.services.release_capabilities(ticket.url)
+        await self.store.delete(ticket.url, ticket.token, ticket.created, ticket.pointer_ids)
+        self._done(ticket)
+        log.info("entity %s deleted", ticket.url)
+
+    def _activation(
+        self,
+        ticket: WakeTicket,
+        state: EntityState,
+        entity_type: EntityType,
+        inputs: list[LogRecord],
+    ) -> Activation:
+        return Activation(
+            url=ticket.url,
+            created=ticket.created,
+            state=state,
+            db=Database(state, entity_type.state),
+            inputs=inputs,
+            max_event_bytes=self.settings.max_event_bytes,
+        )
+
+
+class _Flush:
+    """``ctx.flush()``: a commit point inside the wake (the cursor stays where it is)."""
+
+    def __init__(
+        self, pipeline: WakePipeline, ticket: WakeTicket, act: Activation, partial: str
+    ) -> None:
+        self._pipeline = pipeline
+        self._ticket = ticket
+        self._act = act
+        self._partial = partial  # "<first> <last>" input of this attempt
+        self.flushed = False
+
+    async def __call__(self) -> None:
+        batch = self._act.take_commit(CURRENT_TOOL_CALL.get())
+        if not batch:
+            return
+        pipeline, ticket = self._pipeline, self._ticket
+        self.flushed = True
+        pipeline._fault("flush:before-commit")
+        ids = await commit(pipeline.store, ticket, batch, fields={"partial": self._partial})
+        _note_applied(self._act.state, batch.events, ids)
+        pipeline._fault("flush:after-commit")
+        await pipeline.delivery.after_commit(ticket, batch, ids)
+
+
+def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list[str]) -> None:
+    """After a commit: its outputs were applied before they were written."""
+    for (flag, _), event_id in zip(events, ids, strict=True):
+        if flag != INPUT:
+            state.applied = event_id
+
+
+def _text(meta: dict[str, bytes], field: str) -> str:
+    # A typed metadata value is coming to store.py; until then, read fields here.
+    return (meta.get(field) or b"").decode()

@@ -1,0 +1,205 @@
+"""Per-entity runners: one writer per entity, at most ``max_concurrency`` wakes at once.
+
+Wake pointers read from the inboxes (or swept from them) are tracked per
+partition and handed to the entity's :class:`Runner`, which runs the entity's
+activations one at a time (single writer) through the wake pipeline. Every
+runner is a task of the worker's runner task group (an ``asyncio.TaskGroup``:
+a runner starts per busy entity, and anyio's ``start_soon`` costs five times
+``create_task``), so none outlives the worker. A runner's own failures are handled per entity: a retry waits and goes
+again, a fenced or interrupted wake gives its pointers up, and a bug in the
+runtime is logged and leaves the pointers pending for a later sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .cache import WarmCache
+from .config import Settings
+from .errors import FencedError
+from .failures import RetryLater
+from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer
+from .ticket import CancelSlot, WakeTicket
+
+log = logging.getLogger("wakeful.runners")
+
+
+@dataclass
+class Runner:
+    """Runs the activations of one entity, one at a time."""
+
+    url: str
+    partition: int
+    pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
+    cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
+    task: asyncio.Task[None] | None = None
+
+
+class Runners:
+    """The runners of one worker; also what its :class:`~wakeful.leases.LeaseKeeper` serves."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        cache: WarmCache,
+        stats: dict[str, int],
+        token: Callable[[int], str | None],
+        activate: Callable[[WakeTicket], Awaitable[None]],
+    ) -> None:
+        self.worker_id = worker_id
+        self.cache = cache
+        self.stats = stats
+        self._token = token
+        self._activate = activate
+        self._runners: dict[str, Runner] = {}
+        self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._group: asyncio.TaskGroup | None = None
+        self.killed = False
+        self.room = asyncio.Event()  # set when pointers are done with (the backlog shrank)
+        self.idle = asyncio.Event()  # set while no runner runs
+        self.idle.set()
+
+    # -- the task group ------------------------------------------------------------
+
+    def open(self, group: asyncio.TaskGroup) -> None:
+        """Start runners in ``group`` from now on."""
+        self._group = group
+
+    def close(self) -> None:
+        """Start no more runners: pointers scheduled from now on stay pending."""
+        self._group = None
+
+    def own(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> None:
+        """Run background work of the runners (a capability cleanup) in their group."""
+        if self._group is not None:
+            self._group.create_task(func(*args), name=name)
+
+    async def drain(self, grace: float) -> None:
+        """Let running activations finish; after ``grace`` seconds, signal them to stop."""
+        with anyio.move_on_after(grace):
+            await self.idle.wait()
+        for runner in list(self._runners.values()):
+            runner.cancels.signal.cancel("worker shutting down", kind="shutdown")
+
+    async def stop_all(self) -> None:
+        """Cancel the runners still running, until every one has ended.
+
+        Cancel again until each ends: on Python 3.11 a cancellation can be swallowed
+        by an ``asyncio.wait_for`` inside redis-py (it sends with one when
+        ``socket_timeout`` is set), and a runner that survived a single cancel would
+        hang the shutdown."""
+        while pending := [r.task for r in self._runners.values() if r.task and not r.task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
+
+    # -- what the lease keeper and the listeners call -------------------------------
+
+    def adopt(self, partition: int) -> None:
+        self._tracked.setdefault(partition, set())
+
+    def abandon(self, partition: int, reason: str) -> None:
+        self._tracked.pop(partition, None)
+        for runner in self._runners.values():
+            if runner.partition == partition:
+                runner.cancels.signal.cancel(reason, kind="lease")
+                runner.pointer_ids.clear()
+
+    def busy(self, partition: int) -> bool:
+        return any(r.partition == partition for r in self._runners.values())
+
+    def running(self, url: str) -> bool:
+        return url in self._runners
+
+    def cancel(self, url: str, reason: str) -> None:
+        """A client cancelled ``url``'s run: tell its wake, if it runs here."""
+        runner = self._runners.get(url)
+        if runner is not None:
+            runner.cancels.signal.cancel(reason, kind="cancel")
+
+    def backlog(self) -> int:
+        return sum(len(t) for t in self._tracked.values())
+
+    def schedule(self, pointer: Pointer) -> None:
+        tracked = self._tracked.get(pointer.partition)
+        if tracked is None or pointer.entry_id in tracked or self._group is None:
+            return
+        tracked.add(pointer.entry_id)
+        runner = self._runners.get(pointer.url)
+        if runner is None:
+            runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
+            self.idle.clear()
+            runner.task = self._group.create_task(
+                self._run_entity(runner), name=f"wake {pointer.url}"
+            )
+        runner.pointer_ids.append(pointer.entry_id)
+
+    def untrack(self, partition: int, pointer_ids: list[str]) -> None:
+        tracked = self._tracked.get(partition)
+        if tracked is not None:
+            tracked.difference_update(pointer_ids)
+        self.room.set()
+
+    def done(self, ticket: WakeTicket) -> None:
+        """The ticket's pointers are acknowledged (or given up to another owner)."""
+        self.untrack(ticket.partition, ticket.pointer_ids)
+
+    # -- one entity's activations ------------------------------------------------------
+
+    async def _run_entity(self, runner: Runner) -> None:
+        try:
+            while runner.pointer_ids and self._token(runner.partition) is not None:
+                pointer_ids, runner.pointer_ids = runner.pointer_ids, []
+                await self._attempt(runner, pointer_ids)
+        except (
+            Exception
+        ):  # a bug in the runtime itself: keep the worker alive, leave pointers pending
+            log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
+            self.cache.forget(runner.url)
+        except BaseException:
+            if not self.killed:  # after kill() the task just ends, whatever stopped it
+                raise
+        finally:
+            self.untrack(runner.partition, runner.pointer_ids)
+            self._runners.pop(runner.url, None)
+            if not self._runners:
+                self.idle.set()
+
+    async def _attempt(self, runner: Runner, pointer_ids: list[str]) -> None:
+        """One activation of ``runner``'s entity; decides what happens to the pointers."""
+        url = runner.url
+        try:
+            async with self._slots:
+                token = self._token(runner.partition)
+                if token is None:
+                    return
+                ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
+                await self._activate(ticket)
+        except RetryLater as retry:
+            runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
+            await self._sleep_or_lose(runner, retry.delay)
+        except EntityGoneError:  # deleted or re-created meanwhile: look again
+            self.cache.forget(url)
+            runner.pointer_ids[:0] = pointer_ids
+        except FencedError as exc:
+            self.stats["commits_fenced"] += 1
+            log.warning("worker %s: %s", self.worker_id, exc)
+            self.cache.forget(url)
+            self.untrack(runner.partition, pointer_ids)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("worker %s: wake of %s interrupted: %s", self.worker_id, url, exc)
+            self.cache.forget(url)
+            runner.pointer_ids[:0] = pointer_ids
+            await self._sleep_or_lose(runner, 0.5)
+
+    async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:
+        with anyio.move_on_after(delay):
+            await runner.cancels.signal.wait()
