@@ -28,26 +28,30 @@ from typing import Any
 import jsonschema
 import msgspec
 
-from .errors import WakefulError
+from .errors import (
+    ActionError,
+    ActionNotAuthorizedError,
+    ActionNotPendingError,
+    ActionValidationError,
+    ClientToolsError,
+)
 from .events import ActionRequested, ActionSettled
 
 Authorizer = Callable[[ActionRequested, dict[str, str] | None], bool]
 
-
-class ActionError(WakefulError):
-    """An answer to a pending action was refused; the action is unchanged."""
-
-
-class ActionNotPendingError(ActionError, LookupError):
-    pass
-
-
-class ActionNotAuthorizedError(ActionError, PermissionError):
-    pass
-
-
-class ActionValidationError(ActionError, ValueError):
-    pass
+__all__ = [  # the errors live in errors.py; re-exported here for existing imports
+    "ActionError",
+    "ActionNotAuthorizedError",
+    "ActionNotPendingError",
+    "ActionValidationError",
+    "Authorizer",
+    "ClientToolsError",
+    "answer_event",
+    "check_answer",
+    "check_client_tools",
+    "default_authorizer",
+    "expired",
+]
 
 
 def default_authorizer(action: ActionRequested, identity: dict[str, str] | None) -> bool:
@@ -142,10 +146,6 @@ def expired(action: ActionRequested) -> bool:
 RESERVED_PREFIX = "wakeful"
 RESERVED_NAMES = frozenset({"send_message", "dispatch", "schedule_message"})
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-
-
-class ClientToolsError(WakefulError, ValueError):
-    """A snapshot of client tool definitions sent with a message is malformed."""
 
 
 def check_client_tools(snapshot: Any) -> list[dict[str, Any]]:

@@ -16,26 +16,33 @@ are not executed again, and a call with an intent but no result is *in doubt*:
 it is run again with the same ``tool_call_id`` (its idempotency key) unless the
 tool says it must not be (``rerun_when_in_doubt=False``), in which case the model
 gets an error result saying the call was interrupted.
+
+The loop does not see the handler context: ``ctx.use_agent`` hands it an
+:class:`AgentWake` with what it needs of the wake (the inputs, the activation it
+journals into, the live stream, the signal, the commit point), so the agent layer
+sits below the context and never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
+from .activation import Activation
+from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, content_blocks, struct_schema
+from .cancellation import CancelSignal
+from .errors import ModelError, ToolBugError, WakeInterrupted
 from .events import (
     ActionRequested,
     ActionSettled,
     AssistantStep,
-    Changed,
-    ChildRunFinished,
-    DeliveryFailed,
     Effect,
     LogRecord,
     Message,
@@ -44,116 +51,38 @@ from .events import (
     ToolOutcome,
     UserTurn,
 )
-from .history import project, tool_uses
-from .models import Model, ModelError, ModelRequest, ModelResponse, Usage, resolve_model
+from .history import project, render_input, tool_uses
+from .live import LivePublisher
+from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
 from .scope import CURRENT_TOOL_CALL
+from .state import SystemState
 
-if TYPE_CHECKING:
-    from .context import CancelSignal, HandlerContext
-
-Content = str | list[dict[str, Any]]
-OnUpdate = Callable[[Any], None]
-
-
-class ToolBugError(Exception):
-    """A tool broke (not a planned failure): the run fails. ``public`` is what clients
-    see; ``detail`` (the traceback) stays in the log."""
-
-    def __init__(self, public: str, detail: str) -> None:
-        super().__init__(public)
-        self.public = public
-        self.detail = detail
-
-
-class WakeInterrupted(Exception):
-    """The wake must stop without committing (lease lost, worker shutting down).
-
-    The worker leaves the inputs unacknowledged; the run resumes elsewhere."""
+__all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
+    "Agent",
+    "AgentTool",
+    "AgentWake",
+    "Content",
+    "OnUpdate",
+    "RunResult",
+    "ToolBugError",
+    "ToolResult",
+    "WakeInterrupted",
+    "render_input",
+    "struct_schema",
+]
 
 
-@dataclass
-class ToolResult:
-    """What a tool returns: ``content`` for the model, ``details`` for clients."""
+@dataclass(frozen=True)
+class AgentWake:
+    """What the agent loop uses of the wake it runs in (``ctx.use_agent`` builds it)."""
 
-    content: Content
-    details: Any = None
-    is_error: bool = False
-
-
-@dataclass
-class AgentTool:
-    """A tool the model can call.
-
-    ``parameters`` is a msgspec Struct type (its JSON Schema is sent to the
-    model, and arguments are validated and converted before ``execute``) or a
-    JSON Schema dict (arguments are passed as a dict). ``execute`` receives
-    ``(tool_call_id, params, signal, on_update)``; ``tool_call_id`` is stable
-    across resumes, so a tool can use it as an idempotency key.
-    """
-
-    name: str
-    description: str
-    parameters: type | dict[str, Any]
-    execute: Callable[[str, Any, CancelSignal, OnUpdate], Awaitable[ToolResult | Content]]
-    label: str = ""
-    rerun_when_in_doubt: bool = True
-    # Checked before every model step (a disabled tool is left out of the request)
-    # and before every execution (a call to a disabled tool gets an error result).
-    enabled: Callable[[], Awaitable[bool]] | None = None
-    # Client-routed: the call becomes a pending action that a client answers
-    # (``rt.submit_tool_result``); ``accept_output`` turns a submitted output into
-    # the result (typed tools validate it and run their observers there).
-    client_routed: bool = False
-    output_schema: dict[str, Any] | None = None
-    accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
-    # Approval: when it answers True (given the call's id and validated arguments)
-    # the call waits for rt.approve / rt.deny first.
-    needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None
-    action_ttl: float | None = None  # a pending action expires (as a failure) after this
-
-    async def is_enabled(self) -> bool:
-        return True if self.enabled is None else bool(await self.enabled())
-
-    async def wants_approval(self, tool_call_id: str, params: Any) -> bool:
-        if self.needs_approval is None:
-            return False
-        return bool(await self.needs_approval(tool_call_id, params))
-
-    def input_schema(self) -> dict[str, Any]:
-        if isinstance(self.parameters, dict):
-            return self.parameters
-        return struct_schema(self.parameters)
-
-    def parse(self, raw: Any) -> Any:
-        """Validated arguments; raises ValueError with a message for the model."""
-        if isinstance(self.parameters, dict):
-            if not isinstance(raw, dict):
-                raise ValueError(f"arguments must be a JSON object, got {type(raw).__name__}")
-            return raw
-        try:
-            return msgspec.convert(raw, self.parameters)
-        except msgspec.ValidationError as exc:
-            raise ValueError(str(exc)) from None
-
-    def spec(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema(),
-        }
-
-
-def struct_schema(struct: type) -> dict[str, Any]:
-    """JSON Schema of a Struct with the top level inlined (the API wants ``type: object``)."""
-    schema = msgspec.json.schema(struct)
-    ref = schema.pop("$ref", None)
-    if ref is None:
-        return schema
-    defs = schema.pop("$defs", {})
-    top = dict(defs.pop(ref.rsplit("/", 1)[-1]))
-    if defs:
-        top["$defs"] = defs
-    return top
+    entity_url: str
+    inputs: list[LogRecord]  # ctx.wake.events
+    activation: Activation  # the loop journals into it; its state holds the journal
+    live: LivePublisher  # text deltas and tool progress
+    signal: CancelSignal
+    flush: Callable[[], Awaitable[None]]  # a commit point
+    log: logging.LoggerAdapter[logging.Logger]
 
 
 @dataclass
@@ -176,48 +105,12 @@ class _Stopped(Exception):
     """The signal fired while the run was waiting."""
 
 
-def _text_blocks(content: Content) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content or "(empty)"}]
-    return [dict(b) for b in content] or [{"type": "text", "text": "(empty)"}]
-
-
-def render_input(record: LogRecord) -> list[dict[str, Any]]:
-    """How an input appears to the model: messages as text, results of children as notes."""
-    event = record.event
-    if isinstance(event, Message):
-        payload = event.payload
-        if isinstance(payload, str):
-            text = payload
-        elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
-            text = payload["text"]
-        else:
-            text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
-        if event.sender:
-            text = f"[message from {event.sender}]\n{text}"
-        return [{"type": "text", "text": text or "(empty message)"}]
-    if isinstance(event, ChildRunFinished):
-        if event.status == "completed":
-            body = event.response if event.response is not None else "(no response included)"
-            note = f"[{event.child} finished its run]\n{body}"
-        else:
-            note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
-        return [{"type": "text", "text": note}]
-    if isinstance(event, Changed):
-        return [
-            {"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}
-        ]
-    if isinstance(event, DeliveryFailed):
-        return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
-    return []
-
-
 class Agent:
     """The agent of one wake. Create it with ``ctx.use_agent``; call ``run()``."""
 
     def __init__(
         self,
-        ctx: HandlerContext,
+        wake: AgentWake,
         *,
         system_prompt: str,
         model: str | Model,
@@ -227,7 +120,7 @@ class Agent:
         max_output_tokens: int = 4096,
         tool_concurrency: int = 8,
     ) -> None:
-        self.ctx = ctx
+        self.wake = wake
         self.system_prompt = system_prompt
         self.model = resolve_model(model)
         self.tools: dict[str, AgentTool] = {}
@@ -244,17 +137,17 @@ class Agent:
     # -- journal helpers -----------------------------------------------------------
 
     @property
-    def _system(self) -> Any:
-        return self.ctx._activation.state.system
+    def _system(self) -> SystemState:
+        return self.wake.activation.state.system
 
     def _run_history(self, run_id: str) -> list[Any]:
         return [e for e in self._system.history if e.run_id == run_id]
 
     async def _journal(self, event: Any) -> None:
         """Record a journal event and commit it (one commit point per journaled step)."""
-        self.ctx._activation.record(event)
+        self.wake.activation.record(event)
         async with self._commit_lock:
-            await self.ctx.flush()
+            await self.wake.flush()
 
     def add_tool(self, tool: AgentTool) -> None:
         if tool.name in self.tools:
@@ -290,7 +183,7 @@ class Agent:
     def caller(self) -> tuple[dict[str, str] | None, Any]:
         """``(identity, client_data)`` of the messages the open run took, latest first."""
         identity, client_data = None, None
-        run = self.ctx._activation.current_run
+        run = self.wake.activation.current_run
         for event in reversed(self._system.history):
             if isinstance(event, UserTurn) and event.run_id == run:
                 identity = identity or event.identity
@@ -318,9 +211,9 @@ class Agent:
 
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
-        act = self.ctx._activation
+        act = self.wake.activation
         taken = {s for e in self._system.history if isinstance(e, UserTurn) for s in e.sources}
-        fresh = [r for r in self.ctx.wake.events if r.id not in taken and render_input(r)]
+        fresh = [r for r in self.wake.inputs if r.id not in taken and render_input(r)]
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
@@ -393,7 +286,7 @@ class Agent:
             tools=[tool.spec() for tool in self.tools.values() if await tool.is_enabled()],
             max_tokens=self.max_output_tokens,
         )
-        live = self.ctx._live
+        live = self.wake.live
 
         def on_text(delta: str) -> None:
             live.text(delta, run_id=run_id, step=step)
@@ -490,12 +383,12 @@ class Agent:
             created_ms=now_ms,
             expires_ms=expires_ms,
         )
-        act = self.ctx._activation
+        act = self.wake.activation
         if expires_ms:
             act.add_effect(
                 Effect(
                     kind="expire",
-                    target=self.ctx.entity_url,
+                    target=self.wake.entity_url,
                     key=act.next_key(),
                     payload=call["id"],
                     due_ms=expires_ms,
@@ -560,7 +453,7 @@ class Agent:
         self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any
     ) -> None:
         call_id = call["id"]
-        live = self.ctx._live
+        live = self.wake.live
 
         def on_update(update: Any) -> None:
             live.tool_update(call_id, tool.name, update)
@@ -571,9 +464,7 @@ class Agent:
         try:
             async with self._tool_slots:
                 try:
-                    result = await tool.execute(call_id, params, self.ctx.signal, on_update)
-                except asyncio.CancelledError:
-                    raise
+                    result = await tool.execute(call_id, params, self.wake.signal, on_update)
                 except ToolBugError as bug:
                     await self._outcome(
                         run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
@@ -582,7 +473,8 @@ class Agent:
                 except (
                     Exception
                 ) as exc:  # a failing tool is reported to the model, not a failed run
-                    self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
+                    # (CancelledError and WakeInterrupted are BaseExceptions: they pass.)
+                    self.wake.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
                     result = ToolResult(
                         f"The tool raised {type(exc).__name__}: {exc}", is_error=True
                     )
@@ -621,7 +513,7 @@ class Agent:
                 run_id=run_id,
                 tool_call_id=call_id,
                 name=name,
-                content=_text_blocks(content),
+                content=content_blocks(content),
                 is_error=is_error,
                 details=msgspec.to_builtins(details) if details is not None else None,
             )
@@ -648,7 +540,7 @@ class Agent:
         if last is not None:
             response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
         calls = sum(len(tool_uses(s.content)) for s in journaled)
-        self.ctx._activation.finish_run(
+        self.wake.activation.finish_run(
             status,
             response=response if status == "completed" else None,
             error=error,
@@ -657,7 +549,7 @@ class Agent:
             tool_calls=calls,
         )
         async with self._commit_lock:
-            await self.ctx.flush()
+            await self.wake.flush()
         return RunResult(
             run_id=run_id,
             status=status,
@@ -670,19 +562,19 @@ class Agent:
         )
 
     async def _stopped(self, run_id: str) -> RunResult:
-        signal = self.ctx.signal
+        signal = self.wake.signal
         if signal.kind != "cancel":
             raise WakeInterrupted(signal.reason or "interrupted")
         return await self._finish(run_id, "cancelled", error=signal.reason or "cancelled")
 
     def _check_signal(self) -> None:
-        if self.ctx.signal.cancelled:
+        if self.wake.signal.cancelled:
             raise _Stopped
 
     async def _race(self, work: Awaitable[Any]) -> Any:
         """Await ``work`` unless the signal fires first (then cancel it and stop)."""
         task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(self.ctx.signal.wait())
+        waiter = asyncio.ensure_future(self.wake.signal.wait())
         try:
             done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:

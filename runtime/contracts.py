@@ -33,29 +33,17 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
-from .agent import AgentTool, Content, ToolBugError, ToolResult, struct_schema
-from .errors import WakefulError
+from .agent_tools import AgentTool, Content, ToolResult, struct_schema
+from .cancellation import CancelSignal
+from .errors import ToolBugError, ToolContractError, ToolFailure
 
 if TYPE_CHECKING:
-    from .context import CancelSignal, HandlerContext
+    from .context import HandlerContext
     from .models import Model
 
 In = TypeVar("In")
 Out = TypeVar("Out")
 Ctx = TypeVar("Ctx")
-
-
-class ToolContractError(WakefulError, TypeError):
-    """A tool or agent definition is inconsistent (found when the agent is resolved)."""
-
-
-class ToolFailure(Exception):
-    """A planned failure (``ctx.fail``): the model sees it as a failed result."""
-
-    def __init__(self, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.data = data
 
 
 # -- capabilities -------------------------------------------------------------------
@@ -376,13 +364,16 @@ def define_agent(
 
 
 def resolve_tools(
-    agent: AgentDef, ctx: HandlerContext, caller: Callable[[], tuple[Any, Any]]
+    agent: AgentDef,
+    ctx: HandlerContext,
+    caller: Callable[[], tuple[Any, Any]],
+    pool: CapabilityPool,
 ) -> list[AgentTool]:
     """The registrations of ``agent`` as loop tools, bound to this wake.
 
-    ``caller()`` returns ``(identity, client_data)`` of the current run.
+    ``caller()`` returns ``(identity, client_data)`` of the current run; ``pool``
+    holds the entity's capabilities on this worker.
     """
-    pool = ctx._services.capabilities_for(ctx.entity_url)
     agent.check(pool.bound)
 
     def info() -> CallInfo:
@@ -407,7 +398,7 @@ def loop_result_hook(
     def apply(name: str, call_id: str, message: str) -> ToolResult | None:
         outcome = hook(ToolOutcomeInfo(name=name, tool_call_id=call_id, error=message))
         if outcome is None or outcome.error is not None:
-            error = outcome.error if outcome is not None else message
+            error = outcome.error if outcome is not None and outcome.error is not None else message
             data = outcome.error_data if outcome is not None else None
             return ToolResult(
                 error, details={"error": error, "data": msgspec.to_builtins(data)}, is_error=True
@@ -441,7 +432,7 @@ def _adapt(
     reg: Registration[Any, Any, Any],
     ctx: HandlerContext,
     info: Callable[[], CallInfo],
-    pool: Any,
+    pool: CapabilityPool,
 ) -> AgentTool:
     definition = reg.tool
 
@@ -576,9 +567,9 @@ __all__ = [
     "OutputInfo",
     "Registration",
     "ToolContext",
-    "ToolContractError",
+    "ToolContractError",  # in errors.py; re-exported here for existing imports
     "ToolDef",
-    "ToolFailure",
+    "ToolFailure",  # in errors.py; re-exported here for existing imports
     "ToolOutcomeInfo",
     "define_agent",
     "define_tool",

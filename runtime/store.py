@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import lua
 from .batching import AutoPipeline
-from .errors import ArgsConflictError, ConfigError, FencedError
+from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
 from .keys import GROUP, Keyspace
 
 Entry = tuple[str, dict[bytes, bytes]]
@@ -62,14 +62,6 @@ ALL_SCRIPTS = (
     RELEASE,
     HEARTBEAT,
 )
-
-
-class TargetMissingError(Exception):
-    """A delivery that must not create its target found no entity there."""
-
-
-class EntityGoneError(Exception):
-    """The entity was deleted (or deleted and re-created) while a wake ran."""
 
 
 @dataclass(frozen=True, slots=True)
