@@ -21,10 +21,12 @@ import msgspec
 from .activation import Activation
 from .agent import Agent, AgentTool, AgentWake
 from .cancellation import CancelSignal
-from .contracts import AgentDef, CapabilityPool, loop_result_hook, resolve_tools
+from .capabilities import CapabilityPool
+from .contracts import AgentDef
 from .errors import ArgsConflictError, EntityNotFoundError
 from .events import Effect, Event, Subscription
 from .live import LivePublisher
+from .resolution import loop_result_hook, resolve_tools
 from .runtime_tools import runtime_tools
 from .state import ChildInfo, Database
 from .status import EntityStatus, Schedule
