@@ -44,8 +44,10 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     BaseException
     +-- WakeInterrupted                       lease lost or worker stopping
 
-Private control flow that never leaves its module (the agent loop's suspend and
-stop signals, the worker's retry) stays private where it is raised.
+Private control flow that never leaves its layer (the agent loop's ``SuspendRun``
+and ``StopRun``, the worker's retry, the gateway's ``HTTPError``) stays where it is
+raised, and so does a ready-made tool's own error (``CalculationError``, which the
+calculator turns into an error result for the model).
 """
 
 from __future__ import annotations
