@@ -81,7 +81,7 @@ from .live import LiveEvent, LiveRecord
 from .models import AnthropicModel, Model, ScriptedModel
 from .registry import EntityType, Registry
 from .schema import Collection
-from .state import ChildInfo, CollectionView
+from .state import ChildInfo, CollectionHandle, CollectionView
 from .status import EntityStatus
 from .urls import EntityUrl, entity_url, parse_url
 from .wake import Wake, WakeInfo
@@ -106,6 +106,7 @@ __all__ = [
     "ClientToolsError",
     "Collection",
     "CollectionError",
+    "CollectionHandle",
     "CollectionView",
     "ConfigError",
     "Created",

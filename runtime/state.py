@@ -52,6 +52,7 @@ from .scope import ALL, CURRENT_TOOL_CALL, take
 from .streamids import ZERO, id_gt
 
 DefaultT = TypeVar("DefaultT")
+RowI = TypeVar("RowI")  # a row type that is also written (invariant, unlike RowT)
 
 _encoder = msgspec.msgpack.Encoder()
 _any_decoder = msgspec.msgpack.Decoder()
@@ -304,6 +305,34 @@ class Collections:
         return iter(self._views)
 
 
+class CollectionHandle(CollectionView[RowI]):
+    """``ctx.db.collection(name, Row)``: typed reads of one collection, and its writes.
+
+    ``insert``, ``update`` and ``delete`` are ``ctx.db.actions.<name>_insert`` and the
+    rest, with the row type a checker can follow.
+    """
+
+    __slots__ = ("_writes",)
+
+    def __init__(self, view: CollectionView[RowI], writes: Actions) -> None:
+        self._name, self._table, self._decoder = view._name, view._table, view._decoder
+        self._writes = writes
+
+    def insert(self, row: RowI) -> RowI:
+        """Add ``row`` (raises DuplicateKeyError if its key is taken); returns it, validated."""
+        inserted: RowI = self._writes._insert(self._name, row=row)
+        return inserted
+
+    def update(self, key: Any, updater: Callable[[RowI], RowI | None]) -> RowI:
+        """Change the row under ``key`` in place (or return a new one); returns the new row."""
+        updated: RowI = self._writes._update(self._name, key=key, updater=updater)
+        return updated
+
+    def delete(self, key: Any) -> None:
+        """Remove the row under ``key`` (raises MissingKeyError if there is none)."""
+        self._writes._delete(self._name, key=key)
+
+
 def _unknown(name: str, known: dict[str, Any]) -> str:
     names = ", ".join(sorted(known)) or "none declared"
     return f"no collection named {name!r} (collections: {names})"
@@ -427,18 +456,17 @@ class Actions:
 class Database:
     """``ctx.db``: ``collections`` to read, ``actions`` to write.
 
-    ``collection(name, Row)`` is the typed read of one collection: a
-    ``CollectionView[Row]`` (checked against the declaration).
+    ``collection(name, Row)`` is the typed handle on one collection: a
+    ``CollectionHandle[Row]`` (checked against the declaration) that reads and writes.
     """
 
     @overload
-    def collection(self, name: str) -> CollectionView[Any]: ...
+    def collection(self, name: str) -> CollectionHandle[Any]: ...
     @overload
-    def collection(self, name: str, row: type[RowT]) -> CollectionView[RowT]: ...
-    def collection(self, name: str, row: type[Any] | None = None) -> CollectionView[Any]:
-        if row is None:
-            return self.collections[name]
-        return self.collections._typed(name, row)
+    def collection(self, name: str, row: type[RowI]) -> CollectionHandle[RowI]: ...
+    def collection(self, name: str, row: type[Any] | None = None) -> CollectionHandle[Any]:
+        view = self.collections[name] if row is None else self.collections._typed(name, row)
+        return CollectionHandle(view, self.actions)
 
     def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
         self.collections = Collections(state, specs)

@@ -49,6 +49,8 @@ async def counter(ctx: HandlerContext) -> None:
     if row is not None:
         reveal_type(row)
         print(row.totl)  # a wrong field
+    counts.insert(Counter("total", 1))
+    counts.insert(Answer("not a counter"))  # a wrong row type
     for message in ctx.wake.messages:
         print(message.payload, message.sendr)  # a wrong field
     for finished in ctx.wake.runs_finished:
@@ -101,6 +103,7 @@ def test_a_checker_follows_rows_wake_inputs_and_tool_contexts(
     expected = [
         (line_of("reveal_type(row)"), 'note: Revealed type is "user_app.Counter"'),
         (line_of("row.totl"), 'error: "Counter" has no attribute "totl"'),
+        (line_of("not a counter"), 'error: Argument 1 to "insert" of "CollectionHandle"'),
         (line_of("message.sendr"), 'error: "Message" has no attribute "sendr"'),
         (line_of("ctx.context.usr"), 'error: "Session" has no attribute "usr"'),
     ]
