@@ -337,7 +337,7 @@ def test_unknown_collection_and_bad_action_names() -> None:
 
 
 def test_a_typed_handle_reads_and_writes_like_the_dynamic_api() -> None:
-    state, db = fresh()
+    _, db = fresh()
     notes = db.collection("notes", Note)
     inserted = notes.insert(Note("a", "alpha"))
     assert inserted == Note("a", "alpha") and notes.get("a") == Note("a", "alpha")
