@@ -1,7 +1,8 @@
 """What a tool of the agent loop is: :class:`AgentTool` and what it returns.
 
 The plain tool style (``AgentTool``) and the typed contracts of ``contracts.py``
-both end up as ``AgentTool``s; the loop (``agent.py``) only runs these.
+both end up as ``AgentTool``s (resolution.py binds the typed ones to a wake); the
+loop (``agent.py``, ``agent_calls.py``) only runs these.
 """
 
 from __future__ import annotations

@@ -55,7 +55,10 @@ def resolve_tools(
         runtime_context = agent.runtime_context(identity) if agent.runtime_context else None
         return CallInfo(runtime_context, identity, client_data, ctx.entity_url, ctx.signal)
 
-    return [_adapt(agent, key, reg, ctx, info, pool) for key, reg in agent.registrations().items()]
+    return [
+        _BoundRegistration(agent, key, reg, info, pool).tool()
+        for key, reg in agent.registrations().items()
+    ]
 
 
 def loop_result_hook(
@@ -100,36 +103,73 @@ def loop_result_hook(
     return apply
 
 
-def _adapt(
-    agent: AgentDef,
-    key: str,
-    reg: Registration[Any, Any, Any],
-    ctx: HandlerContext,
-    info: Callable[[], CallInfo],
-    pool: CapabilityPool,
-) -> AgentTool:
-    definition = reg.tool
+class _BoundRegistration:
+    """One registration of a typed agent, bound to a wake: the parts of its AgentTool."""
 
-    async def enabled() -> bool:
-        if isinstance(reg.enabled, bool):
-            return reg.enabled
-        verdict = reg.enabled(info())
+    def __init__(
+        self,
+        agent: AgentDef,
+        key: str,
+        reg: Registration[Any, Any, Any],
+        info: Callable[[], CallInfo],
+        pool: CapabilityPool,
+    ) -> None:
+        self.agent = agent
+        self.key = key
+        self.reg = reg
+        self.definition = reg.tool
+        self.info = info
+        self.pool = pool
+
+    def tool(self) -> AgentTool:
+        definition = self.definition
+        return AgentTool(
+            name=self.key,
+            description=definition.description,
+            parameters=definition.input,
+            execute=self.execute,
+            label=definition.id,
+            enabled=self.enabled,
+            client_routed=definition.client_routed,
+            output_schema=(
+                struct_schema(definition.output) if definition.output is not None else None
+            ),
+            accept_output=self.accept_output,
+            needs_approval=self.needs_approval,
+            action_ttl=self.reg.action_ttl,
+        )
+
+    async def enabled(self) -> bool:
+        enabled = self.reg.enabled
+        if isinstance(enabled, bool):
+            return enabled
+        verdict = enabled(self.info())
         return bool(await verdict if inspect.isawaitable(verdict) else verdict)
 
-    async def execute(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
+    async def needs_approval(self, call_id: str, params: Any) -> bool:
+        needs = self.reg.needs_approval
+        if isinstance(needs, bool):
+            return needs
+        verdict = needs(ApprovalInfo(**vars(self.info()), input=params, tool_call_id=call_id))
+        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
+
+    async def execute(self, call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
+        definition, key = self.definition, self.key
         if definition.execute is None:
             raise ToolBugError(
                 f"tool {key!r} is client-routed and cannot run on the server",
                 f"tool {definition.id!r} has no execute",
             )
-        call = info()
+        call = self.info()
         if definition.context is None:
             tool_context = None
-        elif reg.map_context is not None:
-            tool_context = reg.map_context(call.runtime_context, call.identity, call.client_data)
+        elif self.reg.map_context is not None:
+            tool_context = self.reg.map_context(
+                call.runtime_context, call.identity, call.client_data
+            )
         else:
             tool_context = call.runtime_context
-        resources = {name: await pool.get(name) for name in sorted(definition.capabilities)}
+        resources = {name: await self.pool.get(name) for name in sorted(definition.capabilities)}
         tool_ctx = ToolContext(
             params, tool_context, signal, call_id, Capabilities(resources), on_update
         )
@@ -138,23 +178,24 @@ def _adapt(
             outcome.output = await definition.execute(tool_ctx)
         except ToolFailure as failure:
             outcome.error, outcome.error_data = failure.message, failure.data
-        except Exception as exc:
+        except Exception as exc:  # a bug (WakeInterrupted, a BaseException, passes)
             raise _bug(key, call_id, "".join(traceback.format_exception(exc))) from exc
-        return await settle(call, call_id, params, outcome)
+        return await self.settle(call, call_id, params, outcome)
 
-    async def accept_output(call_id: str, raw_input: Any, output: Any) -> ToolResult:
+    async def accept_output(self, call_id: str, raw_input: Any, output: Any) -> ToolResult:
         """A client's submitted output (already checked against the output schema)."""
         try:
-            params = msgspec.convert(raw_input, definition.input)
+            params = msgspec.convert(raw_input, self.definition.input)
         except (msgspec.ValidationError, TypeError):
             params = raw_input
-        outcome = ToolOutcomeInfo(name=key, tool_call_id=call_id, output=output)
-        return await settle(info(), call_id, params, outcome)
+        outcome = ToolOutcomeInfo(name=self.key, tool_call_id=call_id, output=output)
+        return await self.settle(self.info(), call_id, params, outcome)
 
     async def settle(
-        call: CallInfo, call_id: str, params: Any, outcome: ToolOutcomeInfo
+        self, call: CallInfo, call_id: str, params: Any, outcome: ToolOutcomeInfo
     ) -> ToolResult:
         """Validate the output, apply the lifecycle hook, observe, project for the model."""
+        definition, key, lifecycle = self.definition, self.key, self.agent.lifecycle
         if outcome.error is None and definition.output is not None:
             try:
                 outcome.output = msgspec.convert(
@@ -163,8 +204,8 @@ def _adapt(
             except (msgspec.ValidationError, TypeError) as exc:
                 detail = f"output does not match {definition.output.__name__}: {exc}"
                 raise _bug(key, call_id, detail) from exc
-        if agent.lifecycle is not None and agent.lifecycle.after_tool_result is not None:
-            changed = agent.lifecycle.after_tool_result(outcome)
+        if lifecycle is not None and lifecycle.after_tool_result is not None:
+            changed = lifecycle.after_tool_result(outcome)
             outcome = changed if changed is not None else outcome
         if outcome.error is not None:
             return ToolResult(
@@ -172,7 +213,7 @@ def _adapt(
                 details={"error": outcome.error, "data": msgspec.to_builtins(outcome.error_data)},
                 is_error=True,
             )
-        if reg.on_output is not None:
+        if self.reg.on_output is not None:
             observed = OutputInfo(
                 **vars(call),
                 input=params,
@@ -181,7 +222,7 @@ def _adapt(
                 tool_call_id=call_id,
             )
             try:
-                reg.on_output(observed)
+                self.reg.on_output(observed)
             except Exception as exc:
                 raise _bug(key, call_id, "".join(traceback.format_exception(exc))) from exc
         stored = msgspec.to_builtins(outcome.output)
@@ -190,28 +231,6 @@ def _adapt(
         else:
             content = json.dumps(stored, ensure_ascii=False)
         return ToolResult(content, details={"output": stored})
-
-    async def needs_approval(call_id: str, params: Any) -> bool:
-        if isinstance(reg.needs_approval, bool):
-            return reg.needs_approval
-        verdict = reg.needs_approval(
-            ApprovalInfo(**vars(info()), input=params, tool_call_id=call_id)
-        )
-        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
-
-    return AgentTool(
-        name=key,
-        description=definition.description,
-        parameters=definition.input,
-        execute=execute,
-        label=definition.id,
-        enabled=enabled,
-        client_routed=definition.client_routed,
-        output_schema=struct_schema(definition.output) if definition.output is not None else None,
-        accept_output=accept_output,
-        needs_approval=needs_approval,
-        action_ttl=reg.action_ttl,
-    )
 
 
 def _bug(key: str, call_id: str, detail: str) -> ToolBugError:

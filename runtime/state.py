@@ -4,7 +4,7 @@
 key. Rows are decoded on read, so a caller always gets a fresh copy and can never
 change state behind the log's back. Writes go through :class:`Actions`: they are
 validated, applied to the in-memory state at once (reads see them) and buffered
-as :class:`~runtime.events.Op` records until the next commit point makes them
+as :class:`~wakeful.events.Op` records until the next commit point makes them
 durable as a ``state`` event. Folding those events in log order, from a snapshot
 or from the start, rebuilds the same state on any worker.
 
