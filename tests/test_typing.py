@@ -6,6 +6,8 @@ mypy runs on a small user module against the package as it installs (the layout 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -111,3 +113,16 @@ def test_a_checker_follows_rows_wake_inputs_and_tool_contexts(
     assert len(reports) == len(expected), reports
     for (line, report), (want_line, want) in zip(sorted(reports), expected, strict=True):
         assert (line, report[: len(want)]) == (want_line, want), reports
+
+
+def test_the_library_imports_downward_only() -> None:
+    """The layers of pyproject's ``[tool.importlinter]`` hold (no import cycles, even
+    inside functions; only ``if TYPE_CHECKING:`` imports may point up)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_types.py"), "imports"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout, done.stdout
