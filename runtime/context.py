@@ -26,6 +26,7 @@ from .contracts import AgentDef
 from .errors import ArgsConflictError, EntityNotFoundError
 from .events import Effect, Event, Subscription
 from .live import LivePublisher
+from .models import Model
 from .resolution import loop_result_hook, resolve_tools
 from .runtime_tools import runtime_tools
 from .state import ChildInfo, Database
@@ -34,8 +35,7 @@ from .urls import entity_url, parse_url
 from .wake import Wake, WakeInfo
 
 if TYPE_CHECKING:
-    from .models import Model
-    from .registry import EntityType
+    from .registry import EntityType  # the registry sits above the context
 
 _NO_MESSAGE: Any = object()
 

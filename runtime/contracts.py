@@ -26,7 +26,7 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
@@ -34,9 +34,7 @@ from .agent_tools import Content, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
 from .errors import ToolContractError, ToolFailure
-
-if TYPE_CHECKING:
-    from .models import Model
+from .models import Model
 
 In = TypeVar("In")
 Out = TypeVar("Out")

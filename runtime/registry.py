@@ -11,17 +11,15 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from .context import HandlerContext
+from .contracts import AgentDef
 from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
 from .schema import Collection
 from .urls import validate_type_name
-
-if TYPE_CHECKING:
-    from .contracts import AgentDef
 
 __all__ = ["Collection", "EntityType", "Handler", "Registry"]
 
