@@ -291,10 +291,9 @@ class ToolCalls:
                         run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
                     )
                     raise
-                except (
-                    Exception
-                ) as exc:  # a failing tool is reported to the model, not a failed run
-                    # (CancelledError and WakeInterrupted are BaseExceptions: they pass.)
+                # A failing tool is reported to the model, not a failed run. (CancelledError
+                # and WakeInterrupted are BaseExceptions: they pass.)
+                except Exception as exc:
                     self.wake.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
                     result = ToolResult(
                         f"The tool raised {type(exc).__name__}: {exc}", is_error=True
