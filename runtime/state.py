@@ -231,7 +231,7 @@ class CollectionView(Generic[RowT]):
 
     ``RowT`` is the declared row type (``Any`` for free-form rows, and for the
     dynamic ``ctx.db.collections.<name>``); ``ctx.db.collection(name, Row)`` gives
-    a ``CollectionView[Row]`` a type checker can follow.
+    a :class:`CollectionHandle` of ``Row``, which a type checker can follow.
     """
 
     __slots__ = ("_decoder", "_name", "_table")
