@@ -126,11 +126,34 @@ def define_tool(
     )
 
 
-def tool(**options: Any) -> Callable[[Callable[..., Awaitable[Any]]], ToolDef[Any, Any, Any]]:
-    """Decorator form: ``@tool(id=..., description=..., input=..., output=...)``."""
+def tool(
+    *,
+    id: str,
+    description: str,
+    input: type[In],
+    output: type[Out] | None = None,
+    context: type[Ctx] | None = None,
+    capabilities: typing.Iterable[str] = (),
+    to_model_output: Callable[[Out], Content] | None = None,
+) -> Callable[[Callable[[ToolContext[In, Ctx]], Awaitable[Out]]], ToolDef[In, Out, Ctx]]:
+    """Decorator form: ``@tool(id=..., description=..., input=..., output=...)``.
 
-    def decorate(execute: Callable[..., Awaitable[Any]]) -> ToolDef[Any, Any, Any]:
-        return define_tool(execute=execute, **options)
+    The decorated function is ``execute``: a checker sees its ``ctx`` as a
+    ``ToolContext[input, context]``."""
+
+    def decorate(
+        execute: Callable[[ToolContext[In, Ctx]], Awaitable[Out]],
+    ) -> ToolDef[In, Out, Ctx]:
+        return define_tool(
+            id=id,
+            description=description,
+            input=input,
+            output=output,
+            context=context,
+            capabilities=capabilities,
+            execute=execute,
+            to_model_output=to_model_output,
+        )
 
     return decorate
 

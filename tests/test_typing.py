@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgspec
 
-from wakeful import Collection, HandlerContext, Registry, ToolContext, define_tool
+from wakeful import Collection, HandlerContext, Registry, ToolContext, define_tool, tool
 
 
 class Counter(msgspec.Struct):
@@ -61,6 +61,11 @@ async def counter(ctx: HandlerContext) -> None:
 
 async def answer(ctx: ToolContext[Question, Session]) -> Answer:
     return Answer(f"{ctx.context.usr}: {ctx.input.text}")  # a wrong field
+
+
+@tool(id="example.echo/v1", description="Echoes.", input=Question, output=Answer)
+async def echo(ctx: ToolContext[Answer, None]) -> Answer:  # a mismatched input type
+    return Answer(ctx.input.text)
 
 
 answering = define_tool(
@@ -108,6 +113,7 @@ def test_a_checker_follows_rows_wake_inputs_and_tool_contexts(
         (line_of("not a counter"), 'error: Argument 1 to "insert" of "CollectionHandle"'),
         (line_of("message.sendr"), 'error: "Message" has no attribute "sendr"'),
         (line_of("ctx.context.usr"), 'error: "Session" has no attribute "usr"'),
+        (line_of("@tool("), "error: Argument 1 has incompatible type"),
     ]
     assert status == 1, stdout + stderr
     assert len(reports) == len(expected), reports
