@@ -21,6 +21,7 @@ from wakeful.errors import WakefulError
 from wakeful.events import (
     AssistantStep,
     Created,
+    LogRecord,
     Message,
     RunFinished,
     StateChanged,
@@ -66,7 +67,7 @@ async def run_demo() -> None:
             _say(f"   send {command!r:<26} -> event {event_id}")
         status = await rt.wait_idle(url)
         _say(f"   worker {rt.worker.id} woke the entity; status is now {status.status!r}.")
-        state = await rt.state(url)
+        state: dict[str, list[Any]] = await rt.state(url)
         _print_notes(state)
         if state["rejected"]:
             _say("   Rejected commands (kept as data, not errors):")
@@ -76,6 +77,9 @@ async def run_demo() -> None:
         _say()
         _say("3. The entity log is the source of truth. Every input and every committed write:")
         async for record in rt.events(url):
+            if not isinstance(record, LogRecord):  # an undecodable entry: say so, go on
+                _say(f"   {record.id:<18} (unreadable)")
+                continue
             event = record.event
             if isinstance(event, Created):
                 what = f"created (type {event.type})"
@@ -105,10 +109,10 @@ async def run_demo() -> None:
     _say("   wakeful worker wakeful.entities:registry --redis redis://127.0.0.1:6379/0")
 
 
-def _print_notes(state: dict[str, list[dict[str, object]]]) -> None:
+def _print_notes(state: dict[str, list[Any]]) -> None:
     notes = state["notes"]
     _say(f"   The entity's 'notes' collection now holds {len(notes)} notes:")
-    for note in sorted(notes, key=lambda n: n["id"]):  # type: ignore[arg-type,return-value]
+    for note in sorted(notes, key=lambda n: n["id"]):
         mark = "x" if note["done"] else " "
         _say(f"     [{mark}] {note['id']}. {note['text']}")
 
@@ -146,7 +150,7 @@ async def _agent_demo(rt: Runtime) -> None:
         shown = await _print_journal(rt, AGENT_URL, shown, indent="   ")
         if answer is not None:
             _wrapped("   ", "rt.ask ->", repr(answer))
-    state = await rt.state(AGENT_URL)
+    state: dict[str, list[Any]] = await rt.state(AGENT_URL)
     _say()
     _say(f"   The assistant's 'kv' collection (its memory) holds {len(state['kv'])} row(s):")
     for row in state["kv"]:
@@ -156,7 +160,11 @@ async def _agent_demo(rt: Runtime) -> None:
 async def _journal(rt: Runtime, url: str) -> list[Any]:
     """The agent journal of ``url`` (and its finished runs), in log order."""
     kinds = (UserTurn, AssistantStep, ToolOutcome, RunFinished)
-    return [r.event async for r in rt.events(url) if isinstance(getattr(r, "event", None), kinds)]
+    return [
+        r.event
+        async for r in rt.events(url)
+        if isinstance(r, LogRecord) and isinstance(r.event, kinds)
+    ]
 
 
 async def _print_journal(rt: Runtime, url: str, skip: int, indent: str) -> int:

@@ -46,18 +46,25 @@ STATE = {
 
 def _bump(ctx: HandlerContext, key: str) -> int:
     """Increment counter ``key`` and return its new value."""
-    meta = ctx.db.collections.meta
+    meta = ctx.db.collection("meta", Counter)
     if key not in meta:
-        ctx.db.actions.meta_insert(row=Counter(key, 1))
+        meta.insert(Counter(key, 1))
         return 1
 
     def inc(row: Counter) -> None:
         row.value += 1
 
-    return ctx.db.actions.meta_update(key=key, updater=inc).value
+    return meta.update(key, inc).value
+
+
+def _mark_done(note: Note) -> None:
+    note.done = True
 
 
 async def handle_notes(ctx: HandlerContext) -> None:
+    # Typed handles on the collections: a checker knows their rows are Note, Rejected.
+    notes = ctx.db.collection("notes", Note)
+    rejected = ctx.db.collection("rejected", Rejected)
     for record in ctx.wake.events:
         message = record.event
         text = getattr(message, "payload", None)
@@ -65,23 +72,20 @@ async def handle_notes(ctx: HandlerContext) -> None:
             continue
         verb, _, rest = text.strip().partition(" ")
         _bump(ctx, "commands")
-        notes = ctx.db.collections.notes
         if verb == "add" and rest:
-            ctx.db.actions.notes_insert(row=Note(_bump(ctx, "next_id"), rest))
+            notes.insert(Note(_bump(ctx, "next_id"), rest))
         elif verb in ("done", "drop") and rest.isdigit() and int(rest) in notes:
             if verb == "done":
-                ctx.db.actions.notes_update(
-                    key=int(rest), updater=lambda n: setattr(n, "done", True)
-                )
+                notes.update(int(rest), _mark_done)
             else:
-                ctx.db.actions.notes_delete(key=int(rest))
+                notes.delete(int(rest))
         elif verb == "clear":
             for note in notes.to_list():
                 if note.done:
-                    ctx.db.actions.notes_delete(key=note.id)
+                    notes.delete(note.id)
         else:
             reason = "unknown note number" if verb in ("done", "drop") else "unknown command"
-            ctx.db.actions.rejected_insert(row=Rejected(record.id, text, reason))
+            rejected.insert(Rejected(record.id, text, reason))
             ctx.log.info("rejected %r: %s", text, reason)
 
 

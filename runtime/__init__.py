@@ -1,24 +1,28 @@
 """Wakeful: a durable actor runtime for LLM agents on Redis Streams."""
 
 from .agent import AgentTool, RunResult, ToolResult
+from .cancellation import CancelSignal
 from .client import Runtime
 from .config import Settings
-from .context import CancelSignal, EntityHandle, HandlerContext, Wake, WakeInfo
+from .context import EntityHandle, HandlerContext
 from .contracts import (
     AgentDef,
     Capability,
     Lifecycle,
     Registration,
     ToolContext,
-    ToolContractError,
     ToolDef,
-    ToolFailure,
     define_agent,
     define_tool,
     tool,
 )
 from .errors import (
+    ActionError,
+    ActionNotAuthorizedError,
+    ActionNotPendingError,
+    ActionValidationError,
     ArgsConflictError,
+    ClientToolsError,
     CollectionError,
     ConfigError,
     DuplicateKeyError,
@@ -31,14 +35,21 @@ from .errors import (
     InvalidTypeNameError,
     InvalidUrlError,
     MissingKeyError,
+    ModelConfigError,
+    ModelError,
     PayloadTooLargeError,
     RowValidationError,
     RunFailedError,
     RunSuspendedError,
+    ToolBugError,
+    ToolContractError,
+    ToolFailure,
     UnknownCollectionError,
     UnknownEntityTypeError,
+    UnreadableHistoryError,
     WaitTimeoutError,
     WakefulError,
+    WakeInterrupted,
 )
 from .events import (
     AssistantStep,
@@ -67,14 +78,20 @@ from .events import (
     UserTurn,
 )
 from .live import LiveEvent, LiveRecord
-from .models import AnthropicModel, Model, ModelConfigError, ModelError, ScriptedModel
-from .registry import Collection, EntityType, Registry
-from .state import ChildInfo
+from .models import AnthropicModel, Model, ScriptedModel
+from .registry import EntityType, Registry
+from .schema import Collection
+from .state import ChildInfo, CollectionHandle, CollectionView
 from .status import EntityStatus
 from .urls import EntityUrl, entity_url, parse_url
+from .wake import Wake, WakeInfo
 from .worker import Worker
 
 __all__ = [
+    "ActionError",
+    "ActionNotAuthorizedError",
+    "ActionNotPendingError",
+    "ActionValidationError",
     "AgentDef",
     "AgentTool",
     "AnthropicModel",
@@ -86,8 +103,11 @@ __all__ = [
     "Changed",
     "ChildInfo",
     "ChildRunFinished",
+    "ClientToolsError",
     "Collection",
     "CollectionError",
+    "CollectionHandle",
+    "CollectionView",
     "ConfigError",
     "Created",
     "DeleteRequested",
@@ -135,6 +155,7 @@ __all__ = [
     "StateChanged",
     "Subscribed",
     "Subscription",
+    "ToolBugError",
     "ToolCall",
     "ToolContext",
     "ToolContractError",
@@ -146,10 +167,12 @@ __all__ = [
     "UndecodableRecord",
     "UnknownCollectionError",
     "UnknownEntityTypeError",
+    "UnreadableHistoryError",
     "UserTurn",
     "WaitTimeoutError",
     "Wake",
     "WakeInfo",
+    "WakeInterrupted",
     "WakefulError",
     "Worker",
     "define_agent",

@@ -1,4 +1,7 @@
-"""Pending actions: answering client-routed tool calls and approvals.
+"""Pending tool actions: answering client-routed tool calls and approvals.
+
+("Actions" here are tool calls waiting for someone outside the run; the
+collection writes of ``ctx.db.actions`` are another thing, see state.py.)
 
 When the model calls a client-routed tool, or a tool that needs approval, the
 run journals an ``action_requested`` event and suspends. A client answers with
@@ -28,26 +31,30 @@ from typing import Any
 import jsonschema
 import msgspec
 
-from .errors import WakefulError
+from .errors import (
+    ActionError,
+    ActionNotAuthorizedError,
+    ActionNotPendingError,
+    ActionValidationError,
+    ClientToolsError,
+)
 from .events import ActionRequested, ActionSettled
 
 Authorizer = Callable[[ActionRequested, dict[str, str] | None], bool]
 
-
-class ActionError(WakefulError):
-    """An answer to a pending action was refused; the action is unchanged."""
-
-
-class ActionNotPendingError(ActionError, LookupError):
-    pass
-
-
-class ActionNotAuthorizedError(ActionError, PermissionError):
-    pass
-
-
-class ActionValidationError(ActionError, ValueError):
-    pass
+__all__ = [  # the errors live in errors.py; re-exported here for existing imports
+    "ActionError",
+    "ActionNotAuthorizedError",
+    "ActionNotPendingError",
+    "ActionValidationError",
+    "Authorizer",
+    "ClientToolsError",
+    "answer_event",
+    "check_answer",
+    "check_client_tools",
+    "default_authorizer",
+    "expired",
+]
 
 
 def default_authorizer(action: ActionRequested, identity: dict[str, str] | None) -> bool:
@@ -142,10 +149,6 @@ def expired(action: ActionRequested) -> bool:
 RESERVED_PREFIX = "wakeful"
 RESERVED_NAMES = frozenset({"send_message", "dispatch", "schedule_message"})
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-
-
-class ClientToolsError(WakefulError, ValueError):
-    """A snapshot of client tool definitions sent with a message is malformed."""
 
 
 def check_client_tools(snapshot: Any) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 An :class:`Activation` collects everything a handler does during a wake:
 
-* collection writes (through ``ctx.db.actions``),
+* collection writes (through ``ctx.db.actions``, the collections' writer),
 * runs (``record_run``, ``reply``, ``fail_run``),
 * effects leaving the entity: sends, spawns, observations, and the
   notifications the runtime adds for subscribers when a run finishes or
@@ -45,6 +45,11 @@ from .state import Database, EntityState
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
 
+# The size limit for events the runtime builds itself at a commit (their parts were
+# checked against max_event_bytes when the handler made them). A local name until the
+# shared constant of the storage layer is merged.
+_RUNTIME_EVENT_LIMIT = 1 << 30
+
 
 @dataclass(frozen=True, slots=True)
 class Timer:
@@ -60,13 +65,16 @@ class CommitBatch:
     events: list[tuple[str, bytes]] = field(default_factory=list)
     timers: list[Timer] = field(default_factory=list)
     outbox: Outbox | None = None  # the immediate effects, delivered after the commit
-    actions: list[str] = field(default_factory=list)  # tool calls that now wait for an action
+    # Tool calls that now wait for a pending tool action (a client's output, an approval).
+    actions: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.timers)
 
 
 class Activation:
+    """The buffer of one wake: what the handler did since the last commit point."""
+
     def __init__(
         self,
         *,
@@ -202,11 +210,13 @@ class Activation:
         batch = CommitBatch()
         ops = self.db.actions.take_pending(scope)
         if ops:
-            batch.events.append((PLAIN, encode_event(StateChanged(ops=ops), limit=1 << 30)))
+            batch.events.append(
+                (PLAIN, encode_event(StateChanged(ops=ops), limit=_RUNTIME_EVENT_LIMIT))
+            )
         events = take(self._events, scope)
         finished = [e for e in events if isinstance(e, RunFinished)]
         for event in events:
-            batch.events.append((PLAIN, encode_event(event, limit=1 << 30)))
+            batch.events.append((PLAIN, encode_event(event, limit=_RUNTIME_EVENT_LIMIT)))
             if isinstance(event, ActionRequested):
                 batch.actions.append(event.tool_call_id)
         effects = take(self._effects, scope)
@@ -214,7 +224,7 @@ class Activation:
         immediate = [e for e in effects if not e.due_ms]
         if immediate:
             batch.outbox = Outbox(effects=immediate)
-            batch.events.append((OUTBOX, encode_event(batch.outbox, limit=1 << 30)))
+            batch.events.append((OUTBOX, encode_event(batch.outbox, limit=_RUNTIME_EVENT_LIMIT)))
         for effect in effects:
             if effect.due_ms:
                 batch.timers.append(self._timer(effect))
@@ -267,7 +277,7 @@ class Activation:
         else:
             member = f"{self.url}|{self.created}|{effect.key}"
         fired = Effect(**{**_fields(effect), "due_ms": 0})
-        data = encode_event(TimerFired(effects=[fired], timer=member), limit=1 << 30)
+        data = encode_event(TimerFired(effects=[fired], timer=member), limit=_RUNTIME_EVENT_LIMIT)
         return Timer(member, effect.due_ms, data)
 
 

@@ -16,144 +16,41 @@ are not executed again, and a call with an intent but no result is *in doubt*:
 it is run again with the same ``tool_call_id`` (its idempotency key) unless the
 tool says it must not be (``rerun_when_in_doubt=False``), in which case the model
 gets an error result saying the call was interrupted.
+
+The loop does not see the handler context: ``ctx.use_agent`` hands it an
+:class:`AgentWake` with what it needs of the wake (the inputs, the activation it
+journals into, the live stream, the signal, the commit point), so the agent layer
+sits below the context and never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
-from .events import (
-    ActionRequested,
-    ActionSettled,
-    AssistantStep,
-    Changed,
-    ChildRunFinished,
-    DeliveryFailed,
-    Effect,
-    LogRecord,
-    Message,
-    ToolCall,
-    ToolIntent,
-    ToolOutcome,
-    UserTurn,
-)
-from .history import project, tool_uses
-from .models import Model, ModelError, ModelRequest, ModelResponse, Usage, resolve_model
-from .scope import CURRENT_TOOL_CALL
+from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
+from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
+from .errors import ModelError, ToolBugError, WakeInterrupted
+from .events import AssistantStep, Message, ToolOutcome, UserTurn
+from .history import project, render_input, tool_uses
+from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
 
-if TYPE_CHECKING:
-    from .context import CancelSignal, HandlerContext
-
-Content = str | list[dict[str, Any]]
-OnUpdate = Callable[[Any], None]
-
-
-class ToolBugError(Exception):
-    """A tool broke (not a planned failure): the run fails. ``public`` is what clients
-    see; ``detail`` (the traceback) stays in the log."""
-
-    def __init__(self, public: str, detail: str) -> None:
-        super().__init__(public)
-        self.public = public
-        self.detail = detail
-
-
-class WakeInterrupted(Exception):
-    """The wake must stop without committing (lease lost, worker shutting down).
-
-    The worker leaves the inputs unacknowledged; the run resumes elsewhere."""
-
-
-@dataclass
-class ToolResult:
-    """What a tool returns: ``content`` for the model, ``details`` for clients."""
-
-    content: Content
-    details: Any = None
-    is_error: bool = False
-
-
-@dataclass
-class AgentTool:
-    """A tool the model can call.
-
-    ``parameters`` is a msgspec Struct type (its JSON Schema is sent to the
-    model, and arguments are validated and converted before ``execute``) or a
-    JSON Schema dict (arguments are passed as a dict). ``execute`` receives
-    ``(tool_call_id, params, signal, on_update)``; ``tool_call_id`` is stable
-    across resumes, so a tool can use it as an idempotency key.
-    """
-
-    name: str
-    description: str
-    parameters: type | dict[str, Any]
-    execute: Callable[[str, Any, CancelSignal, OnUpdate], Awaitable[ToolResult | Content]]
-    label: str = ""
-    rerun_when_in_doubt: bool = True
-    # Checked before every model step (a disabled tool is left out of the request)
-    # and before every execution (a call to a disabled tool gets an error result).
-    enabled: Callable[[], Awaitable[bool]] | None = None
-    # Client-routed: the call becomes a pending action that a client answers
-    # (``rt.submit_tool_result``); ``accept_output`` turns a submitted output into
-    # the result (typed tools validate it and run their observers there).
-    client_routed: bool = False
-    output_schema: dict[str, Any] | None = None
-    accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
-    # Approval: when it answers True (given the call's id and validated arguments)
-    # the call waits for rt.approve / rt.deny first.
-    needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None
-    action_ttl: float | None = None  # a pending action expires (as a failure) after this
-
-    async def is_enabled(self) -> bool:
-        return True if self.enabled is None else bool(await self.enabled())
-
-    async def wants_approval(self, tool_call_id: str, params: Any) -> bool:
-        if self.needs_approval is None:
-            return False
-        return bool(await self.needs_approval(tool_call_id, params))
-
-    def input_schema(self) -> dict[str, Any]:
-        if isinstance(self.parameters, dict):
-            return self.parameters
-        return struct_schema(self.parameters)
-
-    def parse(self, raw: Any) -> Any:
-        """Validated arguments; raises ValueError with a message for the model."""
-        if isinstance(self.parameters, dict):
-            if not isinstance(raw, dict):
-                raise ValueError(f"arguments must be a JSON object, got {type(raw).__name__}")
-            return raw
-        try:
-            return msgspec.convert(raw, self.parameters)
-        except msgspec.ValidationError as exc:
-            raise ValueError(str(exc)) from None
-
-    def spec(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema(),
-        }
-
-
-def struct_schema(struct: type) -> dict[str, Any]:
-    """JSON Schema of a Struct with the top level inlined (the API wants ``type: object``)."""
-    schema = msgspec.json.schema(struct)
-    ref = schema.pop("$ref", None)
-    if ref is None:
-        return schema
-    defs = schema.pop("$defs", {})
-    top = dict(defs.pop(ref.rsplit("/", 1)[-1]))
-    if defs:
-        top["$defs"] = defs
-    return top
+__all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
+    "Agent",
+    "AgentTool",
+    "AgentWake",
+    "Content",
+    "OnUpdate",
+    "RunResult",
+    "ToolBugError",
+    "ToolResult",
+    "WakeInterrupted",
+    "render_input",
+    "struct_schema",
+]
 
 
 @dataclass
@@ -168,56 +65,12 @@ class RunResult:
     stop_reason: str | None = None
 
 
-class _Suspended(Exception):
-    """Calls of the step wait for pending actions: the run suspends (stays open)."""
-
-
-class _Stopped(Exception):
-    """The signal fired while the run was waiting."""
-
-
-def _text_blocks(content: Content) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content or "(empty)"}]
-    return [dict(b) for b in content] or [{"type": "text", "text": "(empty)"}]
-
-
-def render_input(record: LogRecord) -> list[dict[str, Any]]:
-    """How an input appears to the model: messages as text, results of children as notes."""
-    event = record.event
-    if isinstance(event, Message):
-        payload = event.payload
-        if isinstance(payload, str):
-            text = payload
-        elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
-            text = payload["text"]
-        else:
-            text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
-        if event.sender:
-            text = f"[message from {event.sender}]\n{text}"
-        return [{"type": "text", "text": text or "(empty message)"}]
-    if isinstance(event, ChildRunFinished):
-        if event.status == "completed":
-            body = event.response if event.response is not None else "(no response included)"
-            note = f"[{event.child} finished its run]\n{body}"
-        else:
-            note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
-        return [{"type": "text", "text": note}]
-    if isinstance(event, Changed):
-        return [
-            {"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}
-        ]
-    if isinstance(event, DeliveryFailed):
-        return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
-    return []
-
-
-class Agent:
+class Agent(ToolCalls):
     """The agent of one wake. Create it with ``ctx.use_agent``; call ``run()``."""
 
     def __init__(
         self,
-        ctx: HandlerContext,
+        wake: AgentWake,
         *,
         system_prompt: str,
         model: str | Model,
@@ -227,7 +80,7 @@ class Agent:
         max_output_tokens: int = 4096,
         tool_concurrency: int = 8,
     ) -> None:
-        self.ctx = ctx
+        self.wake = wake
         self.system_prompt = system_prompt
         self.model = resolve_model(model)
         self.tools: dict[str, AgentTool] = {}
@@ -237,24 +90,13 @@ class Agent:
         self.max_run_tokens = max_run_tokens
         self.max_output_tokens = max_output_tokens
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
-        # Set for typed agents (contracts.py): sees the errors the loop produces itself.
-        self.after_tool_result: Callable[[str, str, str], ToolResult | None] | None = None
+        self.after_tool_result = None  # set for typed agents (see ToolCalls)
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
 
-    @property
-    def _system(self) -> Any:
-        return self.ctx._activation.state.system
-
     def _run_history(self, run_id: str) -> list[Any]:
         return [e for e in self._system.history if e.run_id == run_id]
-
-    async def _journal(self, event: Any) -> None:
-        """Record a journal event and commit it (one commit point per journaled step)."""
-        self.ctx._activation.record(event)
-        async with self._commit_lock:
-            await self.ctx.flush()
 
     def add_tool(self, tool: AgentTool) -> None:
         if tool.name in self.tools:
@@ -287,18 +129,6 @@ class Agent:
             )
         return None
 
-    def caller(self) -> tuple[dict[str, str] | None, Any]:
-        """``(identity, client_data)`` of the messages the open run took, latest first."""
-        identity, client_data = None, None
-        run = self.ctx._activation.current_run
-        for event in reversed(self._system.history):
-            if isinstance(event, UserTurn) and event.run_id == run:
-                identity = identity or event.identity
-                client_data = client_data if client_data is not None else event.client_data
-        return identity, client_data
-
-    # -- the loop ------------------------------------------------------------------
-
     async def run(self) -> RunResult:
         run_id = await self._take_inputs()
         if run_id is None:
@@ -308,19 +138,19 @@ class Agent:
             return await self._finish(run_id, "failed", error=clash)
         try:
             return await self._loop(run_id)
-        except _Suspended:
+        except SuspendRun:
             steps, usage = self._progress(run_id)
             return RunResult(run_id=run_id, status="suspended", usage=usage, steps=len(steps))
-        except _Stopped:
+        except StopRun:
             return await self._stopped(run_id)
         except ToolBugError as bug:
             return await self._finish(run_id, "failed", error=bug.public)
 
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
-        act = self.ctx._activation
+        act = self.wake.activation
         taken = {s for e in self._system.history if isinstance(e, UserTurn) for s in e.sources}
-        fresh = [r for r in self.ctx.wake.events if r.id not in taken and render_input(r)]
+        fresh = [r for r in self.wake.inputs if r.id not in taken and render_input(r)]
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
@@ -393,7 +223,7 @@ class Agent:
             tools=[tool.spec() for tool in self.tools.values() if await tool.is_enabled()],
             max_tokens=self.max_output_tokens,
         )
-        live = self.ctx._live
+        live = self.wake.live
 
         def on_text(delta: str) -> None:
             live.text(delta, run_id=run_id, step=step)
@@ -406,228 +236,6 @@ class Agent:
             raise _RunFailed(str(exc)) from exc
         finally:
             await live.drain()
-
-    async def _run_tools(self, run_id: str, step: AssistantStep, history: list[Any]) -> None:
-        """Settle every call of ``step``: run it, or give the model an error result."""
-        outcomes = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
-        intents = {c.id for e in history if isinstance(e, ToolIntent) for c in e.calls}
-        to_run: list[tuple[dict[str, Any], AgentTool, Any]] = []
-        system = self._system
-        waiting = False
-        for call in tool_uses(step.content):
-            call_id, name = call["id"], call["name"]
-            if call_id in outcomes:
-                continue
-            answer = system.settled.get(call_id)
-            if answer is not None:
-                approved = await self._take_answer(run_id, call, answer)
-                if approved is not None:
-                    to_run.append(approved)
-                continue
-            if call_id in system.actions:
-                waiting = True
-                continue
-            if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
-                await self._refuse(
-                    run_id,
-                    call_id,
-                    name,
-                    "The response hit max_tokens before this call was complete, so it was not run.",
-                )
-                continue
-            tool = self.tools.get(name)
-            if tool is None:
-                known = ", ".join(sorted(self.tools)) or "none"
-                await self._refuse(
-                    run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}."
-                )
-                continue
-            if call_id in intents and not tool.rerun_when_in_doubt:
-                await self._refuse(
-                    run_id,
-                    call_id,
-                    name,
-                    "This call was interrupted (the worker stopped while it ran) and the tool "
-                    "must not be run twice, so it was not retried. Its effect is unknown.",
-                )
-                continue
-            if not await tool.is_enabled():
-                await self._refuse(
-                    run_id,
-                    call_id,
-                    name,
-                    f"The tool {name!r} is disabled and cannot run now.",
-                )
-                continue
-            try:
-                params = tool.parse(call.get("input"))
-            except ValueError as exc:
-                await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
-                continue
-            if tool.client_routed or await tool.wants_approval(call_id, params):
-                await self._request_action(run_id, call, tool)
-                waiting = True
-                continue
-            to_run.append((call, tool, params))
-        if to_run:
-            await self._start(run_id, to_run, intents)
-        if waiting:
-            raise _Suspended
-
-    async def _request_action(self, run_id: str, call: dict[str, Any], tool: AgentTool) -> None:
-        """The call waits for a client's output or a person's decision."""
-        now_ms = int(time.time() * 1000)
-        expires_ms = int(now_ms + tool.action_ttl * 1000) if tool.action_ttl else 0
-        request = ActionRequested(
-            run_id=run_id,
-            tool_call_id=call["id"],
-            tool=tool.name,
-            kind="client" if tool.client_routed else "approval",
-            input=call.get("input"),
-            input_schema=tool.input_schema(),
-            output_schema=tool.output_schema,
-            authorized=self.caller()[0],
-            created_ms=now_ms,
-            expires_ms=expires_ms,
-        )
-        act = self.ctx._activation
-        if expires_ms:
-            act.add_effect(
-                Effect(
-                    kind="expire",
-                    target=self.ctx.entity_url,
-                    key=act.next_key(),
-                    payload=call["id"],
-                    due_ms=expires_ms,
-                )
-            )
-        await self._journal(request)
-
-    async def _take_answer(
-        self, run_id: str, call: dict[str, Any], answer: ActionSettled
-    ) -> tuple[dict[str, Any], AgentTool, Any] | None:
-        """Turn the answer to a pending action into the call's result; for an approval,
-        return the call to run (with the edited input, validated again)."""
-        call_id, name = call["id"], call["name"]
-        tool = self.tools.get(name)
-        who = f" by {answer.by}" if answer.by else ""
-        if answer.decision in ("failed", "cancelled", "expired", "denied"):
-            reason = answer.error or "no reason given"
-            await self._refuse(
-                run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
-            )
-            return None
-        if tool is None or not await tool.is_enabled():
-            await self._refuse(
-                run_id,
-                call_id,
-                name,
-                f"The tool {name!r} is disabled; the {answer.decision} was rejected.",
-            )
-            return None
-        if answer.decision == "output":
-            if tool.accept_output is not None:
-                result = await tool.accept_output(call_id, call.get("input"), answer.output)
-            else:
-                stored = answer.output
-                result = ToolResult(json.dumps(stored, ensure_ascii=False), {"output": stored})
-            await self._outcome(
-                run_id, call_id, name, result.content, result.is_error, result.details
-            )
-            return None
-        edited = answer.edited_input if answer.edited_input is not None else call.get("input")
-        try:
-            params = tool.parse(edited)
-        except ValueError as exc:
-            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
-            return None
-        return ({**call, "input": edited}, tool, params)
-
-    async def _start(
-        self, run_id: str, to_run: list[tuple[dict[str, Any], AgentTool, Any]], intents: set[str]
-    ) -> None:
-        """Journal the intents of ``to_run`` (one commit), then run them concurrently."""
-        new_intents = [
-            ToolCall(id=c["id"], name=c["name"], input=c.get("input"))
-            for c, _, _ in to_run
-            if c["id"] not in intents
-        ]
-        if new_intents:
-            await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
-        await self._race(asyncio.gather(*(self._execute(run_id, c, t, p) for c, t, p in to_run)))
-
-    async def _execute(
-        self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any
-    ) -> None:
-        call_id = call["id"]
-        live = self.ctx._live
-
-        def on_update(update: Any) -> None:
-            live.tool_update(call_id, tool.name, update)
-
-        # Everything this call buffers (writes, effects, its result) is committed together,
-        # apart from the other calls running now (see scope.py).
-        scope = CURRENT_TOOL_CALL.set(call_id)
-        try:
-            async with self._tool_slots:
-                try:
-                    result = await tool.execute(call_id, params, self.ctx.signal, on_update)
-                except asyncio.CancelledError:
-                    raise
-                except ToolBugError as bug:
-                    await self._outcome(
-                        run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
-                    )
-                    raise
-                except (
-                    Exception
-                ) as exc:  # a failing tool is reported to the model, not a failed run
-                    self.ctx.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
-                    result = ToolResult(
-                        f"The tool raised {type(exc).__name__}: {exc}", is_error=True
-                    )
-            if not isinstance(result, ToolResult):
-                result = ToolResult(result)
-            await live.drain()
-            await self._outcome(
-                run_id, call_id, tool.name, result.content, result.is_error, result.details
-            )
-        finally:
-            CURRENT_TOOL_CALL.reset(scope)
-
-    async def _refuse(self, run_id: str, call_id: str, name: str, message: str) -> None:
-        """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
-        interrupted, cut off): an error result, unless ``after_tool_result`` turns it
-        into an output."""
-        result = self.after_tool_result(name, call_id, message) if self.after_tool_result else None
-        if result is None:
-            await self._outcome(run_id, call_id, name, message, True)
-        else:
-            await self._outcome(
-                run_id, call_id, name, result.content, result.is_error, result.details
-            )
-
-    async def _outcome(
-        self,
-        run_id: str,
-        call_id: str,
-        name: str,
-        content: Content,
-        is_error: bool,
-        details: Any = None,
-    ) -> None:
-        await self._journal(
-            ToolOutcome(
-                run_id=run_id,
-                tool_call_id=call_id,
-                name=name,
-                content=_text_blocks(content),
-                is_error=is_error,
-                details=msgspec.to_builtins(details) if details is not None else None,
-            )
-        )
-
-    # -- ending a run --------------------------------------------------------------
 
     def _progress(self, run_id: str) -> tuple[list[AssistantStep], Usage]:
         """The run's model steps so far and their summed usage."""
@@ -648,7 +256,7 @@ class Agent:
         if last is not None:
             response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
         calls = sum(len(tool_uses(s.content)) for s in journaled)
-        self.ctx._activation.finish_run(
+        self.wake.activation.finish_run(
             status,
             response=response if status == "completed" else None,
             error=error,
@@ -657,7 +265,7 @@ class Agent:
             tool_calls=calls,
         )
         async with self._commit_lock:
-            await self.ctx.flush()
+            await self.wake.flush()
         return RunResult(
             run_id=run_id,
             status=status,
@@ -670,31 +278,14 @@ class Agent:
         )
 
     async def _stopped(self, run_id: str) -> RunResult:
-        signal = self.ctx.signal
+        signal = self.wake.signal
         if signal.kind != "cancel":
             raise WakeInterrupted(signal.reason or "interrupted")
         return await self._finish(run_id, "cancelled", error=signal.reason or "cancelled")
 
     def _check_signal(self) -> None:
-        if self.ctx.signal.cancelled:
-            raise _Stopped
-
-    async def _race(self, work: Awaitable[Any]) -> Any:
-        """Await ``work`` unless the signal fires first (then cancel it and stop)."""
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(self.ctx.signal.wait())
-        try:
-            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()
-            raise
-        finally:
-            waiter.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise _Stopped
+        if self.wake.signal.cancelled:
+            raise StopRun
 
 
 async def _client_side(*_: Any) -> ToolResult:  # pragma: no cover - never called

@@ -1,166 +1,43 @@
-"""What a handler sees: :class:`HandlerContext`, and the ``Wake`` subscription specs."""
+"""What a handler sees: :class:`HandlerContext`.
+
+The context is the top of the handler API below the registry: it builds the
+agent loop (``ctx.use_agent``) and the runtime's tools, so it imports them and
+they never import it. The small types a handler also meets live lower down
+(``CancelSignal`` in cancellation.py, ``Wake`` and ``WakeInfo`` in wake.py) and
+are re-exported here.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from .events import (
-    CancelRequested,
-    Changed,
-    ChildRunFinished,
-    Created,
-    DeliveryFailed,
-    Effect,
-    Event,
-    LogRecord,
-    Message,
-    Subscription,
-)
+from .activation import Activation
+from .agent import Agent, AgentTool, AgentWake
+from .cancellation import CancelSignal
+from .capabilities import CapabilityPool
+from .contracts import AgentDef
+from .errors import ArgsConflictError, EntityNotFoundError
+from .events import Effect, Event, Subscription
+from .live import LivePublisher
+from .models import Model
+from .resolution import loop_result_hook, resolve_tools
+from .runtime_tools import runtime_tools
 from .state import ChildInfo, Database
 from .status import EntityStatus, Schedule
-from .streamids import id_gt
 from .urls import entity_url, parse_url
+from .wake import Wake, WakeInfo
 
 if TYPE_CHECKING:
-    from .activation import Activation
-    from .agent import Agent, AgentTool
-    from .contracts import AgentDef, CapabilityPool
-    from .live import LivePublisher
-    from .models import Model
-    from .registry import EntityType
+    from .registry import EntityType  # the registry sits above the context
 
 _NO_MESSAGE: Any = object()
-
-
-class Wake:
-    """Subscription specs for ``ctx.spawn(wake=...)`` and ``ctx.observe(wake=...)``."""
-
-    @staticmethod
-    def run_finished(include_response: bool = True) -> Subscription:
-        """Wake me each time a run of that entity finishes (with its response)."""
-        return Subscription(kind="run_finished", include_response=include_response)
-
-    @staticmethod
-    def change(collections: list[str] | None = None, debounce: float = 0.0) -> Subscription:
-        """Wake me when those collections change; with ``debounce`` (seconds), once per burst."""
-        if debounce < 0:
-            raise ValueError(f"debounce must be >= 0 seconds, got {debounce}")
-        return Subscription(
-            kind="change",
-            collections=list(collections) if collections is not None else None,
-            debounce_ms=int(debounce * 1000),
-        )
-
-
-class CancelSignal:
-    """Set when the wake must stop.
-
-    ``kind`` says why: ``"cancel"`` (a client cancelled the run: finish it as
-    cancelled), ``"lease"`` (the worker lost the partition) or ``"shutdown"``
-    (the worker is stopping). For the last two the wake's work is not lost: it
-    resumes on the next owner.
-    """
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self.reason: str | None = None
-        self.kind: Literal["cancel", "lease", "shutdown"] | None = None
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def cancel(self, reason: str, kind: Literal["cancel", "lease", "shutdown"] = "cancel") -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self.kind = kind
-            self._event.set()
-
-    async def wait(self) -> str | None:
-        await self._event.wait()
-        return self.reason
-
-    def raise_if_cancelled(self) -> None:
-        if self.cancelled:
-            raise asyncio.CancelledError(self.reason)
-
-
-@dataclass(frozen=True)
-class WakeInfo:
-    """Why the handler runs: the input events after the entity's cursor, in log order.
-
-    A retried wake can follow an attempt that got past a commit point
-    (``ctx.flush()``, an agent step) before it crashed or failed: what that
-    attempt wrote up to there is durable and is in ``ctx.db`` now, and the
-    handler runs again from the top. ``resumed_upto`` is then the last input
-    that attempt had (inputs after it arrived since), and ``attempted(record)``
-    tells whether an input was among them: work done for such an input before a
-    commit point must be safe to redo, or be skipped (the agent loop resumes
-    from its journal this way).
-    """
-
-    events: list[LogRecord]
-    resumed_upto: str | None = None
-
-    @property
-    def resumed(self) -> bool:
-        """An earlier attempt at (some of) these inputs got past a commit point."""
-        return self.resumed_upto is not None
-
-    def attempted(self, record: LogRecord | str) -> bool:
-        """Whether an earlier attempt that got past a commit point had this input."""
-        if self.resumed_upto is None:
-            return False
-        record_id = record if isinstance(record, str) else record.id
-        return not id_gt(record_id, self.resumed_upto)
-
-    @property
-    def id(self) -> str:
-        """The wake's identity: the id of its first input (stable when the wake is retried)."""
-        return self.events[0].id if self.events else "0-0"
-
-    @property
-    def messages(self) -> list[Message]:
-        return self.of_type(Message)
-
-    @property
-    def created(self) -> Created | None:
-        found = self.of_type(Created)
-        return found[0] if found else None
-
-    @property
-    def runs_finished(self) -> list[ChildRunFinished]:
-        """Finished runs of entities this one waits on (``Wake.run_finished``)."""
-        return self.of_type(ChildRunFinished)
-
-    @property
-    def changes(self) -> list[Changed]:
-        return self.of_type(Changed)
-
-    @property
-    def cancelled(self) -> CancelRequested | None:
-        found = self.of_type(CancelRequested)
-        return found[-1] if found else None
-
-    @property
-    def delivery_failures(self) -> list[DeliveryFailed]:
-        return self.of_type(DeliveryFailed)
-
-    @property
-    def kinds(self) -> list[str]:
-        return [type(r.event).__struct_config__.tag for r in self.events]  # type: ignore[attr-defined]
-
-    def of_type(self, kind: type[Any]) -> list[Any]:
-        return [r.event for r in self.events if isinstance(r.event, kind)]
 
 
 class Services(Protocol):
@@ -263,25 +140,31 @@ class HandlerContext:
         ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
         ``tool_concurrency``.
         """
-        from .agent import Agent
-        from .contracts import AgentDef, loop_result_hook, resolve_tools
-
+        wake = AgentWake(
+            entity_url=self.entity_url,
+            inputs=self.wake.events,
+            activation=self._activation,
+            live=self._live,
+            signal=self.signal,
+            flush=self.flush,
+            log=self.log,
+        )
         if isinstance(system_prompt, AgentDef):
             definition = system_prompt
             agent = Agent(
-                self,
+                wake,
                 system_prompt=definition.instructions,
                 model=model or definition.model,
                 tools=list(tools or []),
                 **{**definition.options, **options},
             )
-            for tool in resolve_tools(definition, self, agent.caller):
+            for tool in resolve_tools(definition, self, agent.caller, self._capabilities()):
                 agent.add_tool(tool)
             agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
         else:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")
-            agent = Agent(self, system_prompt=system_prompt, model=model, tools=tools, **options)
+            agent = Agent(wake, system_prompt=system_prompt, model=model, tools=tools, **options)
         self._agent = agent
         return agent
 
@@ -294,9 +177,11 @@ class HandlerContext:
     @property
     def runtime_tools(self) -> list[AgentTool]:
         """The runtime's own tools: send a message, dispatch a child agent, schedule a message."""
-        from .runtime_tools import runtime_tools
-
         return runtime_tools(self)
+
+    def _capabilities(self) -> CapabilityPool:
+        """The capabilities of this entity on this worker (for the tools of a typed agent)."""
+        return self._services.capabilities_for(self.entity_url)
 
     @functools.cached_property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -336,8 +221,9 @@ class HandlerContext:
         """An id for a child that is the same when this wake is replayed.
 
         ``f"dispatch-{time.time()}"`` would create a second child on replay;
-        ``ctx.derive_id("dispatch")`` gives ``dispatch-<wake id>-<n>``, where n
-        counts the calls in this wake.
+        ``ctx.derive_id("dispatch")`` gives ``dispatch-<16 hex digits>``, a digest of
+        this entity, the wake, the tool call it is made in (if any) and the call's
+        position there: the same on every replay, and never the same for two parents.
         """
         return self._activation.derive_id(prefix)
 
@@ -397,8 +283,6 @@ class HandlerContext:
         says whether the child is cancelled when this entity is cancelled or
         deleted.
         """
-        from .errors import ArgsConflictError, EntityNotFoundError
-
         url = entity_url(type_name, entity_id)
         child_type = await self._check_type(type_name)
         clean_args = (
@@ -460,4 +344,12 @@ class HandlerContext:
         return f"<HandlerContext {self.entity_url} wake={self.wake.kinds}>"
 
 
-__all__ = ["CancelSignal", "EntityHandle", "Event", "HandlerContext", "Wake", "WakeInfo"]
+__all__ = [
+    "CancelSignal",
+    "EntityHandle",
+    "Event",
+    "HandlerContext",
+    "Services",
+    "Wake",
+    "WakeInfo",
+]

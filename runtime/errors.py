@@ -1,10 +1,58 @@
-"""Every error Wakeful raises on purpose derives from :class:`WakefulError`.
+"""Every error Wakeful raises, in one place.
 
 Each error names the input that failed and why, so a caller never has to read a
-stack trace to learn what to fix.
+stack trace to learn what to fix. Everything a public method raises on purpose
+derives from :class:`WakefulError`; the interruptions of a wake derive from
+``BaseException`` so that a handler's (or a tool's) ``except Exception`` cannot
+swallow them (like trio's ``Cancelled``). The hierarchy::
+
+    Exception
+    +-- WakefulError
+    |   +-- InvalidUrlError (ValueError)
+    |   +-- InvalidTypeNameError (ValueError)
+    |   +-- DuplicateTypeError (ValueError)
+    |   +-- UnknownEntityTypeError (LookupError)
+    |   +-- PayloadTooLargeError (ValueError)
+    |   +-- InvalidPayloadError (TypeError)
+    |   +-- EventDecodeError
+    |   |   +-- UnreadableHistoryError
+    |   +-- CollectionError
+    |   |   +-- UnknownCollectionError (AttributeError)
+    |   |   +-- RowValidationError (ValueError)
+    |   |   +-- DuplicateKeyError (ValueError)
+    |   |   +-- MissingKeyError (LookupError)
+    |   +-- EntityNotFoundError (LookupError)
+    |   +-- ArgsConflictError (ValueError)
+    |   +-- InvalidArgsError (ValueError)
+    |   +-- FencedError
+    |   +-- ConfigError (ValueError)
+    |   +-- WaitTimeoutError (TimeoutError)
+    |   +-- RunSuspendedError
+    |   +-- RunFailedError
+    |   +-- ActionError                       answers to pending tool actions
+    |   |   +-- ActionNotPendingError (LookupError)
+    |   |   +-- ActionNotAuthorizedError (PermissionError)
+    |   |   +-- ActionValidationError (ValueError)
+    |   +-- ClientToolsError (ValueError)
+    |   +-- ModelError                        a model call failed (``retryable``)
+    |   +-- ModelConfigError (ValueError)
+    |   +-- ToolContractError (TypeError)
+    |   +-- ToolFailure                       a tool's planned failure (``ctx.fail``)
+    |   +-- ToolBugError                      a tool broke: the run fails
+    +-- TargetMissingError                    engine-internal: never reaches a caller
+    +-- EntityGoneError                       engine-internal: never reaches a caller
+    BaseException
+    +-- WakeInterrupted                       lease lost or worker stopping
+
+Private control flow that never leaves its layer (the agent loop's ``SuspendRun``
+and ``StopRun``, the worker's retry, the gateway's ``HTTPError``) stays where it is
+raised, and so does a ready-made tool's own error (``CalculationError``, which the
+calculator turns into an error result for the model).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class WakefulError(Exception):
@@ -155,3 +203,101 @@ class RunFailedError(WakefulError):
         self.status = status
         self.error = error
         super().__init__(f"the run of {url} {status}: {error or 'no error given'}")
+
+
+# -- pending tool actions (client-routed tools and approvals; see actions.py) ----------
+
+
+class ActionError(WakefulError):
+    """An answer to a pending action was refused; the action is unchanged."""
+
+
+class ActionNotPendingError(ActionError, LookupError):
+    """The tool call has no pending action (unknown, or answered already)."""
+
+
+class ActionNotAuthorizedError(ActionError, PermissionError):
+    """The answering identity may not answer this action."""
+
+
+class ActionValidationError(ActionError, ValueError):
+    """A submitted output or an edited input does not match the tool's schema."""
+
+
+class ClientToolsError(WakefulError, ValueError):
+    """A snapshot of client tool definitions sent with a message is malformed."""
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+class ModelError(WakefulError):
+    """A model call failed. ``retryable`` tells whether calling again could help."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        model: str = "",
+        status_code: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        self.retryable = retryable
+        self.model = model
+        self.status_code = status_code
+        self.error_type = error_type
+        super().__init__(message)
+
+
+class ModelConfigError(WakefulError, ValueError):
+    """A model cannot be built: unknown name, missing API key."""
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+class ToolContractError(WakefulError, TypeError):
+    """A tool or agent definition is inconsistent (found when the agent is resolved)."""
+
+
+class ToolFailure(WakefulError):
+    """A planned failure (``ctx.fail``): the model sees it as a failed result."""
+
+    def __init__(self, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class ToolBugError(WakefulError):
+    """A tool broke (not a planned failure): the run fails. ``public`` is what clients
+    see; ``detail`` (the traceback) stays in the log."""
+
+    def __init__(self, public: str, detail: str) -> None:
+        super().__init__(public)
+        self.public = public
+        self.detail = detail
+
+
+# -- engine-internal signals (plain exceptions: they never reach a caller) ---------------
+
+
+class TargetMissingError(Exception):
+    """A delivery that must not create its target found no entity there."""
+
+
+class EntityGoneError(Exception):
+    """The entity was deleted (or deleted and re-created) while a wake ran."""
+
+
+# -- interruptions: BaseException, so that ``except Exception`` cannot swallow them -------
+
+
+class WakeInterrupted(BaseException):
+    """The wake must stop without committing (lease lost, worker shutting down).
+
+    The worker leaves the inputs unacknowledged; the run resumes elsewhere. It
+    derives from ``BaseException``: a handler or a tool that catches ``Exception``
+    around ``ctx.agent.run()`` lets it through, so a lost lease still ends the wake.
+    """

@@ -2,9 +2,10 @@
 
 Every entry of an entity log is one event: a msgspec Struct from the tagged
 union :data:`AnyEvent`, msgpack-encoded under the stream field ``e``. The tag
-(``t``) names the kind; ``v`` is the schema version of that kind. New fields are
-added with defaults so older entries keep decoding; a kind whose meaning changes
-gets a new ``v`` and the decoder upgrades old versions.
+(``t``) names the kind; ``v`` is the schema version of that kind, 1 for every
+kind so far. New fields are added with defaults so older entries keep decoding.
+There is no upgrade step: a kind whose meaning changed would need a new ``v`` and
+a decoder that reads both (none exists yet), so meanings of kinds do not change.
 
 Events are either *inputs* (they wake the entity: ``created``, ``msg``,
 ``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``),
@@ -21,6 +22,7 @@ import msgspec
 
 from .errors import EventDecodeError, InvalidPayloadError, PayloadTooLargeError
 
+# The default of Settings.max_event_bytes (config.py imports it: events sit below config).
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
@@ -29,7 +31,7 @@ class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
 
     ``is_input``: wakes the entity. ``is_output``: written only by the entity's
     own commits, and applied to its in-memory state before it is committed (so
-    a fold skips outputs it has already applied; see ``state.Fold``).
+    a fold skips outputs it has already applied; see ``EntityState.fold`` in state.py).
     """
 
     is_input: ClassVar[bool] = False

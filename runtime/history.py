@@ -19,13 +19,29 @@ always yields a request the Messages API accepts, whatever the journal holds
 * a tool_use id already used earlier in the request is sent under a fresh id
   (the API wants them unique; a scripted model, or another provider's journal,
   can reuse them), and its result follows it.
+
+:func:`render_input` is the other direction's first step: how an input of a wake
+(a message, a child's result, ...) reads as user content in the journal.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .events import AssistantStep, HistoryEvent, ToolOutcome, UserTurn
+import msgspec
+
+from .events import (
+    AssistantStep,
+    Changed,
+    ChildRunFinished,
+    DeliveryFailed,
+    HistoryEvent,
+    LogRecord,
+    Message,
+    ToolOutcome,
+    UserTurn,
+)
 
 INTERRUPTED = "The tool call was interrupted before it returned a result; it did not complete."
 
@@ -117,3 +133,33 @@ def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
                 settle()
     settle()
     return messages
+
+
+def render_input(record: LogRecord) -> list[dict[str, Any]]:
+    """How an input appears to the model: messages as text, results of children as notes."""
+    event = record.event
+    if isinstance(event, Message):
+        payload = event.payload
+        if isinstance(payload, str):
+            text = payload
+        elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
+            text = payload["text"]
+        else:
+            text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
+        if event.sender:
+            text = f"[message from {event.sender}]\n{text}"
+        return [{"type": "text", "text": text or "(empty message)"}]
+    if isinstance(event, ChildRunFinished):
+        if event.status == "completed":
+            body = event.response if event.response is not None else "(no response included)"
+            note = f"[{event.child} finished its run]\n{body}"
+        else:
+            note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
+        return [{"type": "text", "text": note}]
+    if isinstance(event, Changed):
+        return [
+            {"type": "text", "text": f"[{event.entity} changed: {', '.join(event.collections)}]"}
+        ]
+    if isinstance(event, DeliveryFailed):
+        return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
+    return []

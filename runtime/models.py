@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import anyio
 import msgspec
 
-from .errors import WakefulError
+from .errors import ModelConfigError, ModelError
 
 __all__ = [
     "AnthropicModel",
@@ -47,29 +47,6 @@ if TYPE_CHECKING:
 
 # The SDK is imported on first use: it is large (~170k objects, about a second to
 # import), and a runtime that never talks to Claude should not pay for it.
-
-
-class ModelError(WakefulError):
-    """A model call failed. ``retryable`` tells whether calling again could help."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retryable: bool = False,
-        model: str = "",
-        status_code: int | None = None,
-        error_type: str | None = None,
-    ) -> None:
-        self.retryable = retryable
-        self.model = model
-        self.status_code = status_code
-        self.error_type = error_type
-        super().__init__(message)
-
-
-class ModelConfigError(WakefulError, ValueError):
-    """A model cannot be built: unknown name, missing API key."""
 
 
 class Usage(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -1,4 +1,9 @@
-"""Entity types: name, description, declared state collections, args schema, handler."""
+"""Entity types: name, description, declared state collections, args schema, handler.
+
+The registry is the top of the handler API: a handler takes a
+:class:`HandlerContext`, so this module imports the context (and nothing below it
+imports the registry).
+"""
 
 from __future__ import annotations
 
@@ -6,33 +11,20 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from .context import HandlerContext
+from .contracts import AgentDef
 from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
+from .schema import Collection
 from .urls import validate_type_name
 
-if TYPE_CHECKING:
-    from .context import HandlerContext
+__all__ = ["Collection", "EntityType", "Handler", "Registry"]
 
-Handler = Callable[["HandlerContext"], Awaitable[None]]
+Handler = Callable[[HandlerContext], Awaitable[None]]
 _COLLECTION_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
-
-
-@dataclass(frozen=True)
-class Collection:
-    """A declared durable key/value collection of an entity type.
-
-    ``row`` is an optional msgspec Struct type; every write is validated against
-    it. Without it rows are free-form maps that must contain the primary key.
-    """
-
-    primary_key: str = "key"
-    row: type | None = None
-
-    def row_schema(self) -> dict[str, Any] | None:
-        return msgspec.json.schema(self.row) if self.row is not None else None
 
 
 @dataclass(frozen=True)
@@ -40,7 +32,7 @@ class EntityType:
     name: str
     handler: Handler
     description: str = ""
-    state: dict[str, Collection] = field(default_factory=dict)
+    state: dict[str, Collection[Any]] = field(default_factory=dict)
     args: type | None = None
 
     def validate_args(self, args: Any) -> Any:
@@ -48,7 +40,7 @@ class EntityType:
         if self.args is None:
             return msgspec.to_builtins(args) if args is not None else None
         try:
-            typed = msgspec.convert(msgspec.to_builtins(args), self.args)
+            typed: Any = msgspec.convert(msgspec.to_builtins(args), self.args)
         except (msgspec.ValidationError, TypeError) as exc:
             raise InvalidArgsError(self.name, str(exc)) from exc
         return msgspec.to_builtins(typed)
@@ -75,9 +67,9 @@ class Registry:
 
     def __init__(self) -> None:
         self._types: dict[str, EntityType] = {}
-        self._agents: dict[str, Any] = {}
+        self._agents: dict[str, AgentDef] = {}
 
-    def agent(self, agent: Any) -> Any:
+    def agent(self, agent: AgentDef) -> AgentDef:
         """Record an agent definition (``define_agent``) so the manifest lists its contract."""
         if agent.name in self._agents:
             raise DuplicateTypeError(f"agent {agent.name!r} is already registered")
@@ -90,7 +82,7 @@ class Registry:
         handler: Handler,
         *,
         description: str = "",
-        state: dict[str, Collection] | None = None,
+        state: dict[str, Collection[Any]] | None = None,
         args: type | None = None,
     ) -> EntityType:
         validate_type_name(name)
@@ -123,7 +115,7 @@ class Registry:
         name: str,
         *,
         description: str = "",
-        state: dict[str, Collection] | None = None,
+        state: dict[str, Collection[Any]] | None = None,
         args: type | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`."""

@@ -3,6 +3,9 @@
 Effects made inside a tool call get idempotency keys and child ids derived
 from the ``tool_call_id`` (see ``Activation.next_key``), so a call that is run
 again after a crash sends nothing twice and spawns no second child.
+
+The input structs are defined once, here; the typed versions of these tools
+(``wakeful.tools.typed``) take the same inputs.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from .agent import AgentTool, ToolResult
-from .context import CancelSignal, Wake
+from .agent_tools import AgentTool, ToolResult
+from .cancellation import CancelSignal
 from .urls import parse_url
+from .wake import Wake
 
 if TYPE_CHECKING:
     from .context import HandlerContext

@@ -27,11 +27,15 @@ T = TypeVar("T")
 def take(buffer: list[tuple[str | None, T]], scope: str | None) -> list[T]:
     """Remove and return the items of the wake and of ``scope`` (all items for ``ALL``)."""
     if scope == ALL:
-        taken = [item for _, item in buffer]
+        everything = [item for _, item in buffer]
         buffer.clear()
-        return taken
-    taken, kept = [], []
+        return everything
+    taken: list[T] = []
+    kept: list[tuple[str | None, T]] = []
     for owner, item in buffer:
-        (taken if owner is None or owner == scope else kept).append((owner, item))
+        if owner is None or owner == scope:
+            taken.append(item)
+        else:
+            kept.append((owner, item))
     buffer[:] = kept
-    return [item for _, item in taken]
+    return taken

@@ -4,20 +4,26 @@
 key. Rows are decoded on read, so a caller always gets a fresh copy and can never
 change state behind the log's back. Writes go through :class:`Actions`: they are
 validated, applied to the in-memory state at once (reads see them) and buffered
-as :class:`~runtime.events.Op` records until the next commit point makes them
+as :class:`~wakeful.events.Op` records until the next commit point makes them
 durable as a ``state`` event. Folding those events in log order, from a snapshot
 or from the start, rebuilds the same state on any worker.
+
+Two senses of "actions" meet here. ``ctx.db.actions`` (:class:`Actions`) is the
+public writer of collections (``counts_insert``, ``counts_update``, ...).
+``SystemState.actions`` holds *pending tool actions*: tool calls that wait for a
+client's output or a person's approval (``action_requested`` events; answered
+through ``rt.approve`` and the rest, see ``actions.py``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
 from .errors import (
+    CollectionError,
     DuplicateKeyError,
     MissingKeyError,
     RowValidationError,
@@ -41,18 +47,28 @@ from .events import (
     ToolOutcome,
     UserTurn,
 )
-from .registry import Collection
+from .schema import Collection, RowT
 from .scope import ALL, CURRENT_TOOL_CALL, take
 from .streamids import ZERO, id_gt
+
+DefaultT = TypeVar("DefaultT")
+RowI = TypeVar("RowI")  # a row type that is also written (invariant, unlike RowT)
 
 _encoder = msgspec.msgpack.Encoder()
 _any_decoder = msgspec.msgpack.Decoder()
 
 
-@functools.cache
-def row_decoder(row: type | None) -> msgspec.msgpack.Decoder[Any]:
+_row_decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def row_decoder(row: type[Any] | None) -> msgspec.msgpack.Decoder[Any]:
     """One decoder per row type, shared by every wake (building one costs ~20 us)."""
-    return msgspec.msgpack.Decoder(row) if row is not None else _any_decoder
+    if row is None:
+        return _any_decoder
+    decoder = _row_decoders.get(row)
+    if decoder is None:
+        decoder = _row_decoders[row] = msgspec.msgpack.Decoder(row)
+    return decoder
 
 
 class ChildInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -87,7 +103,7 @@ class SystemState(msgspec.Struct, kw_only=True):
     children: dict[str, ChildInfo] = {}
     run: str | None = None  # the open run
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
-    actions: dict[str, ActionRequested] = {}  # pending actions, by tool call id
+    actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
 
     def apply(self, event: object) -> None:
@@ -151,7 +167,7 @@ class EntityState:
 
     __slots__ = ("applied", "rows", "system")
 
-    def __init__(self, collections: dict[str, Collection] | None = None) -> None:
+    def __init__(self, collections: dict[str, Collection[Any]] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
         self.system = SystemState()
         self.applied = ZERO
@@ -193,7 +209,7 @@ class EntityState:
 
     @classmethod
     def from_snapshot(
-        cls, data: bytes, collections: dict[str, Collection], applied: str = ZERO
+        cls, data: bytes, collections: dict[str, Collection[Any]], applied: str = ZERO
     ) -> EntityState:
         snap = msgspec.msgpack.decode(data, type=Snapshot)
         state = cls(collections)
@@ -210,21 +226,30 @@ class EntityState:
         }
 
 
-class CollectionView:
-    """Read access to one collection: ``get``, ``to_list``, ``len``, iteration, ``in``."""
+class CollectionView(Generic[RowT]):
+    """Read access to one collection: ``get``, ``to_list``, ``len``, iteration, ``in``.
+
+    ``RowT`` is the declared row type (``Any`` for free-form rows, and for the
+    dynamic ``ctx.db.collections.<name>``); ``ctx.db.collection(name, Row)`` gives
+    a :class:`CollectionHandle` of ``Row``, which a type checker can follow.
+    """
 
     __slots__ = ("_decoder", "_name", "_table")
 
-    def __init__(self, name: str, table: dict[Any, bytes], spec: Collection) -> None:
+    def __init__(self, name: str, table: dict[Any, bytes], spec: Collection[RowT]) -> None:
         self._name = name
         self._table = table
         self._decoder = row_decoder(spec.row)
 
+    @overload
+    def get(self, key: Any) -> RowT | None: ...
+    @overload
+    def get(self, key: Any, default: DefaultT) -> RowT | DefaultT: ...
     def get(self, key: Any, default: Any = None) -> Any:
         data = self._table.get(key)
         return default if data is None else self._decoder.decode(data)
 
-    def to_list(self) -> list[Any]:
+    def to_list(self) -> list[RowT]:
         return [self._decoder.decode(data) for data in self._table.values()]
 
     def keys(self) -> list[Any]:
@@ -236,7 +261,7 @@ class CollectionView:
     def __contains__(self, key: object) -> bool:
         return key in self._table
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[RowT]:
         return iter(self.to_list())
 
     def __repr__(self) -> str:
@@ -246,23 +271,66 @@ class CollectionView:
 class Collections:
     """``ctx.db.collections``: one :class:`CollectionView` per declared collection."""
 
-    def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
-        self._views = {
+    def __init__(self, state: EntityState, specs: dict[str, Collection[Any]]) -> None:
+        self._specs = specs
+        self._views: dict[str, CollectionView[Any]] = {
             name: CollectionView(name, state.rows.setdefault(name, {}), spec)
             for name, spec in specs.items()
         }
 
-    def __getattr__(self, name: str) -> CollectionView:
+    def __getattr__(self, name: str) -> CollectionView[Any]:
         try:
             return self._views[name]
         except KeyError:
             raise UnknownCollectionError(_unknown(name, self._views)) from None
 
-    def __getitem__(self, name: str) -> CollectionView:
+    def __getitem__(self, name: str) -> CollectionView[Any]:
         return self.__getattr__(name)
+
+    def _typed(self, name: str, row: type[RowT]) -> CollectionView[RowT]:
+        """The view of ``name``, checked to hold rows of ``row`` (its declared row type).
+
+        (Private: a public method would hide a collection of the same name.)"""
+        view = self.__getattr__(name)
+        declared = self._specs[name].row
+        if declared is not row:
+            raise CollectionError(
+                f"collection {name!r} holds rows of "
+                f"{declared.__name__ if declared is not None else 'free-form maps'}, "
+                f"not {row.__name__}"
+            )
+        return view
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._views)
+
+
+class CollectionHandle(CollectionView[RowI]):
+    """``ctx.db.collection(name, Row)``: typed reads of one collection, and its writes.
+
+    ``insert``, ``update`` and ``delete`` are ``ctx.db.actions.<name>_insert`` and the
+    rest, with the row type a checker can follow.
+    """
+
+    __slots__ = ("_writes",)
+
+    def __init__(self, view: CollectionView[RowI], writes: Actions) -> None:
+        self._name, self._table, self._decoder = view._name, view._table, view._decoder
+        self._writes = writes
+
+    def insert(self, row: RowI) -> RowI:
+        """Add ``row`` (raises DuplicateKeyError if its key is taken); returns it, validated."""
+        inserted: RowI = self._writes._insert(self._name, row=row)
+        return inserted
+
+    def update(self, key: Any, updater: Callable[[RowI], RowI | None]) -> RowI:
+        """Change the row under ``key`` in place (or return a new one); returns the new row."""
+        updated: RowI = self._writes._update(self._name, key=key, updater=updater)
+        return updated
+
+    def delete(self, key: Any) -> None:
+        """Remove the row under ``key`` (raises MissingKeyError if there is none)."""
+        self._writes._delete(self._name, key=key)
 
 
 def _unknown(name: str, known: dict[str, Any]) -> str:
@@ -277,7 +345,7 @@ class Actions:
     buffered until the next commit point.
     """
 
-    def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
+    def __init__(self, state: EntityState, specs: dict[str, Collection[Any]]) -> None:
         self._state = state
         self._specs = specs
         self._decoders = {name: row_decoder(spec.row) for name, spec in specs.items() if spec.row}
@@ -386,7 +454,19 @@ class Actions:
 
 
 class Database:
-    """``ctx.db``: ``collections`` to read, ``actions`` to write."""
+    """``ctx.db``: ``collections`` to read, ``actions`` to write.
+
+    ``collection(name, Row)`` is the typed handle on one collection: a
+    ``CollectionHandle[Row]`` (checked against the declaration) that reads and writes.
+    """
+
+    @overload
+    def collection(self, name: str) -> CollectionHandle[Any]: ...
+    @overload
+    def collection(self, name: str, row: type[RowI]) -> CollectionHandle[RowI]: ...
+    def collection(self, name: str, row: type[Any] | None = None) -> CollectionHandle[Any]:
+        view = self.collections[name] if row is None else self.collections._typed(name, row)
+        return CollectionHandle(view, self.actions)
 
     def __init__(self, state: EntityState, specs: dict[str, Collection]) -> None:
         self.collections = Collections(state, specs)

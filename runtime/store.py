@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from .entity_reads import EntityReads, Loaded, StreamBatch
-from .errors import ArgsConflictError, ConfigError, FencedError
+from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
 from .keys import GROUP, Keyspace
 from .replies import EntityMeta, Entry, as_str
 from .script_runner import (
@@ -77,14 +77,6 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisTimeoutError,
     OSError,
 )
-
-
-class TargetMissingError(Exception):
-    """A delivery that must not create its target found no entity there."""
-
-
-class EntityGoneError(Exception):
-    """The entity was deleted (or deleted and re-created) while a wake ran."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,12 +32,12 @@ from .contracts import Capability
 from .delivery import Delivery
 from .leases import Lease, LeaseKeeper
 from .listeners import Listeners
+from .pipeline import WakePipeline
 from .registry import Registry
 from .runners import Runners
 from .services import HandlerServices
 from .store import Store
 from .ticket import WakeTicket
-from .pipeline import WakePipeline
 
 log = logging.getLogger("wakeful.worker")
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import pytest
 
+from tests.apps.harness import until
 from tests.faults import crash_and_recover
 from wakeful import (
     AgentTool,
@@ -422,3 +424,51 @@ async def test_live_output_streams_deltas_and_tool_progress_and_resumes(cluster)
     record = await asyncio.wait_for(anext(resumed), 10)
     assert record.id not in {r.id for r in live} | {r.id for r in durable}
     await resumed.aclose()
+
+
+async def test_a_lost_lease_ends_the_wake_even_if_the_handler_catches_exception(
+    cluster, caplog: pytest.LogCaptureFixture
+):
+    """WakeInterrupted is a BaseException: ``except Exception`` around ``ctx.agent.run()``
+    cannot swallow it, so the wake stops without committing (nothing is acknowledged)."""
+    caplog.set_level(logging.INFO, logger="wakeful")
+    swallowed: list[BaseException] = []
+    ended = asyncio.Event()
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        if any(m["role"] == "assistant" for m in request.messages):
+            return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+        trip = {"type": "tool_use", "id": "t1", "name": "trip", "input": {}}
+        return ModelResponse(content=[trip], stop_reason="tool_use")
+
+    reg = Registry()
+
+    @reg.entity("bot")
+    async def bot(ctx: HandlerContext) -> None:
+        async def trip(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
+            # What the worker does when it loses the partition's lease mid-wake.
+            signal.cancel("the partition lease was lost", kind="lease")
+            return ToolResult("tripped")
+
+        tool = AgentTool("trip", "Trips the lease.", {"type": "object"}, trip)
+        ctx.use_agent(system_prompt="You trip.", model=ScriptedModel(respond), tools=[tool])
+        try:
+            await ctx.agent.run()
+        except Exception as exc:  # the broad catch a handler may well have
+            swallowed.append(exc)
+            ctx.reply("swallowed the interruption")
+        finally:
+            ended.set()
+
+    rt = await cluster.runtime(reg)
+    await rt.send("/bot/b", "go")
+    await asyncio.wait_for(ended.wait(), 15)
+
+    async def interrupted() -> bool:
+        return any(
+            "interrupted" in r.getMessage() and "/bot/b" in r.getMessage() for r in caplog.records
+        )
+
+    await until(interrupted, 15, "the worker to end the wake as interrupted")
+    assert swallowed == [], "except Exception must not catch the interruption"
+    assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]

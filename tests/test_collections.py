@@ -336,6 +336,44 @@ def test_unknown_collection_and_bad_action_names() -> None:
         empty.collections.kv  # noqa: B018
 
 
+def test_a_typed_handle_reads_and_writes_like_the_dynamic_api() -> None:
+    _, db = fresh()
+    notes = db.collection("notes", Note)
+    inserted = notes.insert(Note("a", "alpha"))
+    assert inserted == Note("a", "alpha") and notes.get("a") == Note("a", "alpha")
+    assert db.collections.notes.get("a") == Note("a", "alpha"), "one state, two views"
+
+    def retag(note: Note) -> None:
+        note.tags = ["x"]
+
+    assert notes.update("a", retag) == Note("a", "alpha", ["x"])
+    notes.insert(Note("b", "beta"))
+    notes.delete("a")
+    assert notes.keys() == ["b"] and len(notes) == 1 and "b" in notes
+    assert [n.key for n in notes] == ["b"] and notes.get("a", "none") == "none"
+    with pytest.raises(DuplicateKeyError):
+        notes.insert(Note("b", "again"))
+    with pytest.raises(MissingKeyError):
+        notes.delete("a")
+    # The same ops reach the log as through ctx.db.actions.
+    assert [(op.op, op.key) for op in db.actions.take_pending()] == [
+        ("insert", "a"),
+        ("insert", "b"),
+        ("delete", "a"),
+    ]
+    assert db.collection("free").keys() == []
+
+
+def test_a_typed_handle_must_name_the_declared_row_type() -> None:
+    _, db = fresh()
+    with pytest.raises(CollectionError, match="holds rows of Note, not Task"):
+        db.collection("notes", Task)
+    with pytest.raises(CollectionError, match="free-form maps, not Note"):
+        db.collection("free", Note)
+    with pytest.raises(UnknownCollectionError):
+        db.collection("nothing", Note)
+
+
 def test_snapshot_roundtrip() -> None:
     state, db = fresh()
     db.actions.notes_insert(row=Note("a", "1", ["x"]))

@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from wakeful.agent import AgentTool, ToolResult
-from wakeful.context import CancelSignal
+from wakeful.agent_tools import AgentTool, ToolResult
+from wakeful.cancellation import CancelSignal
 
 __all__ = ["Calculation", "CalculationError", "calculator", "evaluate", "format_number"]
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from wakeful.agent import AgentTool, ToolResult
-from wakeful.context import CancelSignal
-from wakeful.registry import Collection
+from wakeful.agent_tools import AgentTool, ToolResult
+from wakeful.cancellation import CancelSignal
+from wakeful.schema import Collection
 
 if TYPE_CHECKING:
     from wakeful.context import HandlerContext

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from wakeful.context import Wake
 from wakeful.contracts import ToolContext, ToolDef, define_tool
+from wakeful.runtime_tools import Dispatch, ScheduleMessage, SendMessage
 from wakeful.urls import parse_url
+from wakeful.wake import Wake
 
 from .calculator import Calculation, CalculationError, evaluate, format_number
 from .memory import MemoryRequest as MemoryInput
@@ -47,9 +48,10 @@ class MemoryOutput(msgspec.Struct, omit_defaults=True):
     keys: list[str] | None = None
 
 
-class SendInput(msgspec.Struct):
-    url: Annotated[str, msgspec.Meta(description="Entity URL, /<type>/<id>")]
-    text: Annotated[str, msgspec.Meta(description="The message")]
+# The inputs of the runtime's own tools (runtime_tools.py), under the names the typed
+# contracts publish (a subclass keeps the fields in one place and the schema's title).
+class SendInput(SendMessage):
+    pass
 
 
 class SentOutput(msgspec.Struct):
@@ -57,9 +59,8 @@ class SentOutput(msgspec.Struct):
     after_seconds: float | None = None
 
 
-class DispatchInput(msgspec.Struct):
-    agent: Annotated[str, msgspec.Meta(description="Entity type of the agent to dispatch to")]
-    task: Annotated[str, msgspec.Meta(description="What the agent should do, self-contained")]
+class DispatchInput(Dispatch):
+    pass
 
 
 class DispatchOutput(msgspec.Struct):
@@ -72,12 +73,8 @@ class CalculatorOutput(msgspec.Struct):
     text: str
 
 
-class ScheduleInput(msgspec.Struct):
-    url: Annotated[
-        str, msgspec.Meta(description="Entity URL, /<type>/<id>; use your own to set a reminder")
-    ]
-    text: str
-    delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
+class ScheduleInput(ScheduleMessage):
+    pass
 
 
 class NoInput(msgspec.Struct):
@@ -104,7 +101,9 @@ class CancelOutput(msgspec.Struct):
     cancelled: bool
 
 
-def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str, ToolDef]:
+def typed_tools(
+    handler_ctx: HandlerContext, collection: str = "kv"
+) -> dict[str, ToolDef[Any, Any, None]]:
     """The ready-made tools as typed contracts, keyed by their usual names."""
 
     async def memory(ctx: ToolContext[MemoryInput, None]) -> MemoryOutput:
@@ -195,7 +194,7 @@ def typed_tools(handler_ctx: HandlerContext, collection: str = "kv") -> dict[str
     def calculated(output: CalculatorOutput) -> str:
         return f"{output.expression} = {output.text}"
 
-    tools: dict[str, Any] = {
+    tools: dict[str, ToolDef[Any, Any, None]] = {
         "memory": define_tool(
             id="wakeful.memory/v1",
             description="Your long-term memory, kept across conversations and restarts: get, "

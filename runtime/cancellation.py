@@ -1,0 +1,42 @@
+"""The signal that tells a wake to stop, and why.
+
+It sits low in the layers because everything that runs during a wake checks
+it: the handler context, the agent loop, every tool (it is the ``signal``
+argument of ``execute``) and the worker, which sets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+StopKind = Literal["cancel", "lease", "shutdown"]
+
+
+class CancelSignal:
+    """Set when the wake must stop.
+
+    ``kind`` says why: ``"cancel"`` (a client cancelled the run: finish it as
+    cancelled), ``"lease"`` (the worker lost the partition) or ``"shutdown"``
+    (the worker is stopping). For the last two the wake's work is not lost: it
+    resumes on the next owner.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason: str | None = None
+        self.kind: StopKind | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str, kind: StopKind = "cancel") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self.kind = kind
+            self._event.set()
+
+    async def wait(self) -> str | None:
+        await self._event.wait()
+        return self.reason
