@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import (
+    RUNTIME_EVENT_MAX_BYTES,
     ActionRequested,
     CancelRequested,
     Changed,
@@ -48,7 +49,6 @@ PLAIN, INPUT, OUTBOX = "e", "i", "o"
 # The size limit for events the runtime builds itself at a commit (their parts were
 # checked against max_event_bytes when the handler made them). A local name until the
 # shared constant of the storage layer is merged.
-_RUNTIME_EVENT_LIMIT = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,12 +211,12 @@ class Activation:
         ops = self.db.actions.take_pending(scope)
         if ops:
             batch.events.append(
-                (PLAIN, encode_event(StateChanged(ops=ops), limit=_RUNTIME_EVENT_LIMIT))
+                (PLAIN, encode_event(StateChanged(ops=ops), limit=RUNTIME_EVENT_MAX_BYTES))
             )
         events = take(self._events, scope)
         finished = [e for e in events if isinstance(e, RunFinished)]
         for event in events:
-            batch.events.append((PLAIN, encode_event(event, limit=_RUNTIME_EVENT_LIMIT)))
+            batch.events.append((PLAIN, encode_event(event, limit=RUNTIME_EVENT_MAX_BYTES)))
             if isinstance(event, ActionRequested):
                 batch.actions.append(event.tool_call_id)
         effects = take(self._effects, scope)
@@ -224,7 +224,7 @@ class Activation:
         immediate = [e for e in effects if not e.due_ms]
         if immediate:
             batch.outbox = Outbox(effects=immediate)
-            batch.events.append((OUTBOX, encode_event(batch.outbox, limit=_RUNTIME_EVENT_LIMIT)))
+            batch.events.append((OUTBOX, encode_event(batch.outbox, limit=RUNTIME_EVENT_MAX_BYTES)))
         for effect in effects:
             if effect.due_ms:
                 batch.timers.append(self._timer(effect))
@@ -277,7 +277,9 @@ class Activation:
         else:
             member = f"{self.url}|{self.created}|{effect.key}"
         fired = Effect(**{**_fields(effect), "due_ms": 0})
-        data = encode_event(TimerFired(effects=[fired], timer=member), limit=_RUNTIME_EVENT_LIMIT)
+        data = encode_event(
+            TimerFired(effects=[fired], timer=member), limit=RUNTIME_EVENT_MAX_BYTES
+        )
         return Timer(member, effect.due_ms, data)
 
 

@@ -37,6 +37,7 @@ from .errors import (
     WakefulError,
 )
 from .events import (
+    RUNTIME_EVENT_MAX_BYTES,
     CancelRequested,
     Created,
     DeleteRequested,
@@ -54,7 +55,7 @@ from .events import (
 from .fold import check_skipped, initial_state, rebuild
 from .following import follow_entity, until_idle
 from .history import project
-from .keys import RUNTIME_EVENT_MAX_BYTES, Keyspace
+from .keys import Keyspace
 from .live import LiveRecord
 from .notices import Notices
 from .registry import Registry
@@ -335,14 +336,6 @@ class Runtime(PendingActions):
         """The entities ``url`` spawned, with the status of their last finished run."""
         return list((await self._folded(url)).system.children.values())
 
-    async def _meta(self, url: str) -> dict[str, bytes]:
-        """The raw metadata hash (for ``_folded``; everything else reads :meth:`_entity_meta`)."""
-        parse_url(url)
-        meta = await self._store.meta(url)
-        if not meta:
-            raise EntityNotFoundError(url)
-        return meta
-
     async def _entity_meta(self, url: str) -> EntityMeta:
         parse_url(url)
         meta = await self._store.entity_meta(url)
@@ -358,15 +351,16 @@ class Runtime(PendingActions):
         return (await self._folded(url)).to_builtins()
 
     async def _folded(self, url: str) -> EntityState:
-        meta = await self._meta(url)
-        collections = {}
-        type_name = meta["type"].decode()
-        if type_name in self.registry:
-            collections = self.registry.get(type_name).state
+        parse_url(url)
         loaded = await self._store.load(url, None)
-        snap_out = (loaded.meta.get("snap_out") or b"").decode()
-        state = initial_state(collections, loaded.snapshot, snap_out)
-        cursor = (loaded.meta.get("cursor") or b"").decode()
+        meta = loaded.info
+        if meta is None:
+            raise EntityNotFoundError(url)
+        collections = {}
+        if meta.type in self.registry:
+            collections = self.registry.get(meta.type).state
+        state = initial_state(collections, loaded.snapshot, meta.snapshot_out)
+        cursor = meta.cursor
         folded = rebuild(url, state, loaded.entries, cursor)
         if folded.undecodable:  # an unhandled entry: its input is unknown, not skippable
             raise folded.undecodable[0]

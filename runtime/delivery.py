@@ -24,6 +24,7 @@ from typing import Any
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
 from .events import (
+    RUNTIME_EVENT_MAX_BYTES,
     ActionSettled,
     Created,
     DeliveryFailed,
@@ -37,7 +38,7 @@ from .events import (
     pack,
 )
 from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
-from .ticket import NO_LIMIT, WakeTicket, commit
+from .ticket import WakeTicket, commit
 
 log = logging.getLogger("wakeful.delivery")
 # Errors after which the outbox stays pending: the next activation delivers it again.
@@ -89,7 +90,7 @@ class Delivery:
         self, ticket: WakeTicket, outbox_id: str, failures: list[DeliveryFailed]
     ) -> None:
         """Record the outbox as delivered; failed deliveries become inputs of the sender."""
-        events = [(INPUT, encode_event(f, limit=NO_LIMIT)) for f in failures]
+        events = [(INPUT, encode_event(f, limit=RUNTIME_EVENT_MAX_BYTES)) for f in failures]
         await commit(self.store, ticket, CommitBatch(events=events), fields={"out_done": outbox_id})
 
     async def deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
@@ -129,7 +130,9 @@ class Delivery:
             self._fault("deliver:after-expire")
             return
         target_type = effect.target.split("/")[1]
-        created = encode_event(Created(type=target_type, parent=None), limit=NO_LIMIT)
+        created = encode_event(
+            Created(type=target_type, parent=None), limit=RUNTIME_EVENT_MAX_BYTES
+        )
         events: list[tuple[str, bytes]] = []
         args = b""
         parent = ""
@@ -137,7 +140,8 @@ class Delivery:
         if effect.kind == "spawn":
             mode, parent, args = "create", sender, pack(effect.args)
             created = encode_event(
-                Created(type=target_type, args=effect.args, parent=sender), limit=NO_LIMIT
+                Created(type=target_type, args=effect.args, parent=sender),
+                limit=RUNTIME_EVENT_MAX_BYTES,
             )
             if effect.subscribe is not None:
                 events.append(
@@ -151,10 +155,10 @@ class Delivery:
         elif effect.kind == "send":
             mode = "send"
         elif effect.notice is not None:  # notify, cancel
-            events.append((INPUT, encode_event(effect.notice, limit=NO_LIMIT)))
+            events.append((INPUT, encode_event(effect.notice, limit=RUNTIME_EVENT_MAX_BYTES)))
         if effect.has_payload:
             message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
-            events.append((INPUT, encode_event(message, limit=NO_LIMIT)))
+            events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
         await self.store.append_input(
             effect.target,
             target_type,

@@ -25,6 +25,13 @@ from .errors import EventDecodeError, InvalidPayloadError, PayloadTooLargeError
 # The default of Settings.max_event_bytes (config.py imports it: events sit below config).
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
+RUNTIME_EVENT_MAX_BYTES = 1 << 30
+"""Size limit for the events the runtime writes itself (Created, failures, notices,
+state changes, timer events, Resumed). ``Settings.max_event_bytes`` limits what
+clients and handlers send; an event the runtime derives from accepted data must
+not be refused later, so its limit (1 GiB) is above Redis' own 512 MB value limit:
+in effect, none of Wakeful's."""
+
 
 class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
     """Base of all log events.

@@ -20,9 +20,9 @@ from .activation import PLAIN, Activation, CommitBatch
 from .cache import WarmCache
 from .config import Settings
 from .delivery import Delivery
-from .events import EntityFailed, HandlerFailed, LogRecord, encode_event
+from .events import RUNTIME_EVENT_MAX_BYTES, EntityFailed, HandlerFailed, LogRecord, encode_event
 from .store import Store
-from .ticket import NO_LIMIT, WakeTicket, commit
+from .ticket import WakeTicket, commit
 
 log = logging.getLogger("wakeful.failures")
 
@@ -70,7 +70,9 @@ class Parking:
         )
         log.warning("handler of %s failed (attempt %d): %r", ticket.url, attempt, exc)
         if attempt < self.settings.max_attempts:
-            record = CommitBatch(events=[(PLAIN, encode_event(failure, limit=NO_LIMIT))])
+            record = CommitBatch(
+                events=[(PLAIN, encode_event(failure, limit=RUNTIME_EVENT_MAX_BYTES))]
+            )
             await commit(self.store, ticket, record, fields={"attempts": attempt})
             s = self.settings
             raise RetryLater(min(s.retry_base_ms * 2 ** (attempt - 1), s.retry_max_ms) / 1000)
@@ -96,7 +98,7 @@ class Parking:
         log.error("entity %s failed: %s", ticket.url, error)
         if batch is None:
             batch = CommitBatch()
-        events = [(PLAIN, encode_event(failure, limit=NO_LIMIT))] if failure else []
+        events = [(PLAIN, encode_event(failure, limit=RUNTIME_EVENT_MAX_BYTES))] if failure else []
         events += batch.events
         events.append(
             (PLAIN, encode_event(EntityFailed(error=error, attempts=attempts, inputs=input_ids)))

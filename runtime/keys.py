@@ -39,13 +39,6 @@ import zlib
 GROUP = "workers"
 """The consumer group of every partition inbox."""
 
-RUNTIME_EVENT_MAX_BYTES = 1 << 30
-"""Size limit for the events the runtime writes itself (Created, failures, notices,
-state changes, timer events, Resumed). ``Settings.max_event_bytes`` limits what
-clients and handlers send; an event the runtime derives from accepted data must
-not be refused later, so its limit (1 GiB) is above Redis' own 512 MB value limit:
-in effect, none of Wakeful's."""
-
 
 class Keyspace:
     """Every key and channel name of one keyspace (``prefix``, ``partitions``)."""

@@ -37,7 +37,7 @@ from .registry import EntityType, Registry
 from .scope import CURRENT_TOOL_CALL
 from .services import HandlerServices
 from .state import Database, EntityState
-from .store import TRANSIENT_ERRORS, Loaded, Store
+from .store import TRANSIENT_ERRORS, EntityMeta, Loaded, Store
 from .streamids import ZERO, id_gt, max_id
 from .ticket import WakeTicket, commit
 from .urls import parse_url
@@ -56,7 +56,7 @@ class Wake:
 
     ticket: WakeTicket
     entity_type: EntityType
-    meta: dict[str, bytes]
+    meta: EntityMeta
     state: EntityState
     inputs: list[LogRecord]
     pos: str  # the last log entry folded into ``state``
@@ -94,23 +94,22 @@ class WakePipeline:
     async def activate(self, ticket: WakeTicket) -> None:
         self.stats["activations"] += 1
         loaded, cached = await self._load(ticket.url)
-        meta = loaded.meta
-        if not meta:  # deleted entity: nothing to wake, just acknowledge the pointers
+        meta = loaded.info
+        if meta is None:  # deleted entity: nothing to wake, just acknowledge the pointers
             await commit(self.store, ticket, ack=True)
             self._done(ticket)
             return
-        ticket = ticket.of_incarnation(_text(meta, "created"))
+        ticket = ticket.of_incarnation(meta.incarnation)
         try:
-            entity_type = self.registry.get(_text(meta, "type"))
+            entity_type = self.registry.get(meta.type)
         except UnknownEntityTypeError as exc:
-            await self.parking.park(ticket, str(exc), [], int(meta.get("attempts", 0)))
+            await self.parking.park(ticket, str(exc), [], meta.attempts)
             return
-        out_done = _text(meta, "out_done") or ZERO
-        if id_gt(_text(meta, "out_last") or ZERO, out_done):
-            await self.delivery.pending(ticket, out_done)
-        parked = meta.get("status") == b"failed"
+        if meta.undelivered:
+            await self.delivery.pending(ticket, meta.out_done)
+        parked = meta.parked
         try:
-            folded = self._fold(ticket.url, entity_type, cached, loaded)
+            folded = self._fold(ticket.url, entity_type, cached, loaded, meta)
         except UnreadableHistoryError as exc:  # the state is unknown: park (once)
             self.cache.forget(ticket.url)
             if parked:
@@ -135,21 +134,29 @@ class WakePipeline:
         """The entity's metadata and log after the warm state (all of it if not warm)."""
         cached = self.cache.get(url)
         loaded = await self.store.load(url, cached.pos if cached else None)
-        if cached is not None and cached.created != _text(loaded.meta, "created"):
+        if (
+            cached is not None
+            and loaded.info is not None
+            and cached.created != loaded.info.incarnation
+        ):
             self.cache.forget(url)  # deleted and re-created: the warm state is another's
             return await self.store.load(url, None), None
         return loaded, cached
 
     def _fold(
-        self, url: str, entity_type: EntityType, cached: Cached | None, loaded: Loaded
+        self,
+        url: str,
+        entity_type: EntityType,
+        cached: Cached | None,
+        loaded: Loaded,
+        meta: EntityMeta,
     ) -> Rebuilt:
         """Fold the loaded log tail into the state; collect the inputs after the cursor."""
         if cached is not None:
             state = cached.state
         else:
-            snap_out = _text(loaded.meta, "snap_out")
-            state = initial_state(entity_type.state, loaded.snapshot, snap_out)
-        folded = rebuild(url, state, loaded.entries, _text(loaded.meta, "cursor"))
+            state = initial_state(entity_type.state, loaded.snapshot, meta.snapshot_out)
+        folded = rebuild(url, state, loaded.entries, meta.cursor)
         check_skipped(folded.handled_undecodable, folded.records)
         return folded
 
@@ -182,7 +189,7 @@ class WakePipeline:
     async def _run(self, wake: Wake) -> None:
         """Run the handler on ``wake.inputs`` and commit."""
         ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
-        attempts = int(meta.get("attempts", 0))
+        attempts = meta.attempts
         open_run = state.system.run
         act = self._activation(ticket, state, wake.entity_type, inputs)
         cancel = next(
@@ -193,7 +200,7 @@ class WakePipeline:
         # A commit point inside the wake leaves the cursor where it is: mark the inputs
         # as partly handled ("<first> <last>" input of the attempt), so that a retried
         # wake knows which of its inputs an earlier attempt had (ctx.wake.resumed_upto).
-        partial = _text(meta, "partial")
+        partial = meta.partial
         attempted_first, _, attempted_last = partial.partition(" ")
         resumed_upto = attempted_last if attempted_first == inputs[0].id else None
         flush = _Flush(self, ticket, act, f"{inputs[0].id} {resumed_upto or inputs[-1].id}")
@@ -230,14 +237,14 @@ class WakePipeline:
         signal: CancelSignal,
     ) -> HandlerContext:
         parsed = parse_url(wake.ticket.url)
-        raw_args = wake.meta.get("args")
+        raw_args = wake.meta.args
         return HandlerContext(
             entity_url=wake.ticket.url,
             entity_type=parsed.type,
             entity_id=parsed.id,
             args=wake.entity_type.typed_args(unpack(raw_args) if raw_args else None),
             wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto),
-            first_wake=_text(wake.meta, "cursor") == ZERO,
+            first_wake=wake.meta.cursor == ZERO,
             db=act.db,
             signal=signal,
             flush=flush,
@@ -255,13 +262,13 @@ class WakePipeline:
             snapshot = state.snapshot()
             since = 0
         fields: dict[str, object] = {}
-        if int(wake.meta.get("attempts", 0)):
+        if wake.meta.attempts:
             fields["attempts"] = 0
         if handled_partial:
             fields["partial"] = ""  # these inputs are handled now
         self._fault("wake:before-commit")
         awaited = state.system.awaited_children()
-        if awaited != int(wake.meta.get("waiting") or 0):
+        if awaited != wake.meta.awaited_children:
             fields["waiting"] = awaited
         ids = await commit(
             self.store,
@@ -350,8 +357,3 @@ def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list
     for (flag, _), event_id in zip(events, ids, strict=True):
         if flag != INPUT:
             state.applied = event_id
-
-
-def _text(meta: dict[str, bytes], field: str) -> str:
-    # A typed metadata value is coming to store.py; until then, read fields here.
-    return (meta.get(field) or b"").decode()

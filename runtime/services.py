@@ -15,7 +15,7 @@ from .contracts import Capability, CapabilityPool
 from .errors import EntityNotFoundError, FencedError, UnknownEntityTypeError
 from .events import decode_event
 from .registry import EntityType, Registry
-from .status import EntityStatus, Schedule, status_from_meta
+from .status import EntityStatus, Schedule, entity_status
 from .store import Store
 
 
@@ -41,10 +41,10 @@ class HandlerServices:
         return None
 
     async def status(self, url: str) -> EntityStatus:
-        meta = await self.store.meta(url)
-        if not meta:
+        meta = await self.store.entity_meta(url)
+        if meta is None:
             raise EntityNotFoundError(url)
-        return status_from_meta(url, meta)
+        return entity_status(url, meta)
 
     async def schedules(self, url: str, created: str) -> list[Schedule]:
         out = []

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .events import unpack
-from .replies import EntityMeta, parse_meta
+from .replies import EntityMeta
 from .streamids import id_gt
 
 
@@ -66,14 +66,6 @@ def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
         undelivered=undelivered,
         pending_actions=meta.pending_actions,
     )
-
-
-def status_from_meta(url: str, meta: dict[str, bytes]) -> EntityStatus:
-    """The status from a raw metadata hash (non-empty): for the worker, until it reads
-    the parsed :class:`EntityMeta` too (then this goes)."""
-    parsed = parse_meta(meta)
-    assert parsed is not None, "status_from_meta needs an existing entity's metadata"
-    return entity_status(url, parsed)
 
 
 @dataclass(frozen=True)

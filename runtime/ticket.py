@@ -17,9 +17,6 @@ from .activation import CommitBatch
 from .context import CancelSignal
 from .store import Store
 
-# encode_event's size limit for events the runtime writes itself (not user payloads).
-NO_LIMIT = 1 << 30
-
 _NOTHING = CommitBatch()
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the lint and the whole test suite, on fakeredis and on a real Redis.
+# Run the lint, the type check, the import layers and the whole test suite, on fakeredis and on a real Redis.
 # Starts a Redis on 127.0.0.1:6379 if none answers there (installing it if needed).
 source "$(dirname "$0")/_venv.sh" test
 
@@ -25,4 +25,7 @@ if [ ! -x "${WAKEFUL_CHROMIUM:-/usr/bin/chromium}" ]; then
 fi
 
 .venv/bin/ruff check .
+.venv/bin/ruff format --check --quiet .
+# mypy and the import layers, on the package as it installs (wakeful.*).
+.venv/bin/python scripts/check_types.py
 exec .venv/bin/python -m pytest "$@"
