@@ -42,6 +42,7 @@ from .history import tool_uses
 from .live import LivePublisher
 from .scope import CURRENT_TOOL_CALL
 from .state import SystemState
+from .tasks import all_of, first_of
 
 Call = tuple[dict[str, Any], AgentTool, Any]  # a call to run: its tool_use block, tool, arguments
 
@@ -101,20 +102,10 @@ class ToolCalls:
 
     async def _race(self, work: Awaitable[Any]) -> Any:
         """Await ``work`` unless the signal fires first (then cancel it and stop)."""
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(self.wake.signal.wait())
-        try:
-            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()
-            raise
-        finally:
-            waiter.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise StopRun
+        finished, result = await first_of(work, self.wake.signal.wait())
+        if not finished:
+            raise StopRun
+        return result
 
     async def _run_tools(self, run_id: str, step: AssistantStep, history: list[Any]) -> None:
         """Settle every call of ``step``: run it, or give the model an error result."""
@@ -268,7 +259,7 @@ class ToolCalls:
         ]
         if new_intents:
             await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
-        await self._race(asyncio.gather(*(self._execute(run_id, c, t, p) for c, t, p in to_run)))
+        await self._race(all_of([self._execute(run_id, c, t, p) for c, t, p in to_run]))
 
     async def _execute(
         self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any

@@ -47,6 +47,7 @@ from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
 from .status import EntityStatus
+from .tasks import first_of
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
@@ -116,10 +117,7 @@ async def _worker(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"worker {rt.worker.id} running {', '.join(registry.names())}", flush=True)
     # Until a signal, or until the worker dies on its own (rt.close() raises its error).
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.worker.stopped.wait())]
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for wait in waits:
-        wait.cancel()
+    await first_of(stop.wait(), rt.worker.stopped.wait())
     if stop.is_set():
         print("shutting down: finishing running wakes", flush=True)
     await rt.close()

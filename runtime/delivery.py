@@ -15,11 +15,9 @@ call that started it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
@@ -38,6 +36,7 @@ from .events import (
     pack,
 )
 from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
+from .tasks import all_of
 from .ticket import WakeTicket, commit
 
 log = logging.getLogger("wakeful.delivery")
@@ -114,7 +113,7 @@ class Delivery:
                             "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
                         )
 
-        await _all_of([deliver_to(group) for group in by_target.values()])
+        await all_of([deliver_to(group) for group in by_target.values()])
         self.stats["effects_delivered"] += len(effects)
         return failures
 
@@ -170,22 +169,3 @@ class Delivery:
             idempotency_key=effect.key,
         )
         self._fault(f"deliver:after-{effect.kind}")
-
-
-async def _all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
-    """Await ``calls`` concurrently in a task group; the first failure cancels the rest
-    and is raised as itself (callers catch FencedError and friends, not a group)."""
-    if len(calls) == 1:
-        await calls[0]  # one target: no task needed
-        return
-    try:
-        async with asyncio.TaskGroup() as group:  # per outbox: cheaper than anyio's
-            for call in calls:
-                group.create_task(call)
-    except BaseExceptionGroup as failed:
-        raise _first_leaf(failed) from None
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -1,4 +1,8 @@
-"""Background tasks an object starts and owns, for the few places without a task group.
+"""Tasks with an owner: concurrent calls awaited as one, a race, and background tasks.
+
+:func:`all_of` and :func:`first_of` run tasks inside one ``await``: none outlives
+the call, and a failure is raised as itself (callers catch ``FencedError`` or
+``WakeInterrupted``, not an exception group).
 
 The auto-pipeline and the idle-notice reader start tasks from plain method calls
 made by any number of unrelated callers, so no ``async with`` scope encloses
@@ -13,8 +17,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
+    """Await ``calls`` concurrently in a task group; the first failure cancels the rest
+    and is raised as itself."""
+    if len(calls) == 1:
+        await calls[0]  # one call: no task needed
+        return
+    try:
+        async with asyncio.TaskGroup() as group:  # cheaper than anyio's per task
+            for call in calls:
+                group.create_task(call)
+    except BaseExceptionGroup as failed:
+        raise _first_leaf(failed) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def first_of(work: Awaitable[T], stop: Awaitable[Any]) -> tuple[bool, T | None]:
+    """Await ``work`` unless ``stop`` completes first: ``(True, result)`` if the work
+    finished (its failure is raised as itself), ``(False, None)`` if it was stopped.
+    Both are awaited to their end before this returns, whichever way it ends."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop)
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await _cancel_and_wait(stopper)
+        if not task.done():
+            await _cancel_and_wait(task)
+    if task.cancelled():
+        return False, None
+    return True, task.result()
+
+
+async def _cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure while cancelled is not lost in a warning
 
 
 class OwnedTasks:
