@@ -71,6 +71,7 @@ elseif mode == 'existing' then
   return {-2, '', ''}
 else
   created_id = redis.call('XADD', log, '*', 'e', created)
+  redis.call('PERSIST', log)  -- the emptied log of a deleted incarnation had a TTL
   redis.call('HSET', meta, 'type', etype, 'status', 'active', 'cursor', '0-0',
              'args', args, 'parent', parent, 'created', created_id, 'last_in', created_id)
   redis.call('SADD', typeset, url)
@@ -251,7 +252,12 @@ local member = ARGV[2]      -- the timer
 if redis.call('GET', lease) ~= token then return -1 end
 if redis.call('ZREM', timers, member) == 0 then return 0 end
 redis.call('HDEL', timerdata, member)
-redis.call('HINCRBY', meta, 'timers', -1)
+-- The member is "<url>|<incarnation>|<id>": count it off only that incarnation's
+-- metadata (a deleted entity has none, and must not get a hash back).
+local incarnation = string.match(member, '^[^|]*|([^|]*)|')
+if redis.call('HGET', meta, 'created') == incarnation then
+  redis.call('HINCRBY', meta, 'timers', -1)
+end
 return 1
 """
 
@@ -264,6 +270,7 @@ local snap = KEYS[4]        -- the entity's snapshot
 local typeset = KEYS[5]     -- urls of the entity's type in the partition
 local inbox = KEYS[6]       -- the partition inbox (wake pointers)
 local actions = KEYS[7]     -- the entity's pending actions
+local live = KEYS[8]        -- the entity's live output
 local token = ARGV[1]       -- the lease token this is fenced by
 local incarnation = ARGV[2] -- meta.created of the entity to delete
 local url = ARGV[3]
@@ -272,7 +279,12 @@ local channel = ARGV[5]     -- the entity's idle channel
 local first_ack = 6         -- then inbox ids to acknowledge
 if redis.call('GET', lease) ~= token then return -1 end
 if redis.call('HGET', meta, 'created') ~= incarnation then return 0 end
-redis.call('DEL', log, meta, snap, actions)
+redis.call('DEL', meta, snap, actions, live)
+-- The log is emptied, not deleted: a stream keeps its last id, so a re-create (SEND
+-- persists the key again) gets a later created id even within the same millisecond, and
+-- the incarnation check keeps refusing the deleted entity's writers. Emptied logs expire.
+redis.call('XTRIM', log, 'MAXLEN', 0)
+redis.call('PEXPIRE', log, 60000)
 redis.call('SREM', typeset, url)
 if #ARGV >= first_ack then redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV)) end
 redis.call('PUBLISH', channel, 'deleted')

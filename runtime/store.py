@@ -254,7 +254,8 @@ class Store(EntityReads):
         return [as_str(i) for i in reply[1:]]
 
     async def delete(self, url: str, token: str, created: str, acks: list[str]) -> bool:
-        """Fenced: delete the entity's log, metadata and snapshot."""
+        """Fenced: delete the entity's metadata, snapshot, pending actions and live output,
+        and empty its log (which expires; see the DELETE script)."""
         k = self.keys
         p = k.partition(url)
         type_name = url.split("/")[1]
@@ -268,6 +269,7 @@ class Store(EntityReads):
                 k.typeset(p, type_name),
                 k.inbox(p),
                 k.actions(url),
+                k.live(url),
             ],
             [token, created, url, GROUP, k.idle_channel(url), *acks],
         )

@@ -24,6 +24,15 @@ async def partition_keys(store: Store, url: str) -> set[str]:
     return found - {k.lease(p), k.epoch(p)}
 
 
+async def emptied_log(store: Store, url: str) -> str:
+    """The key of a deleted entity's log, checked to be what DELETE leaves: an empty stream
+    that keeps its last id (so a re-create gets a later incarnation) and expires."""
+    log = store.keys.log(url)
+    assert await store.redis.xlen(log) == 0
+    assert await store.redis.pttl(log) > 0
+    return log
+
+
 async def unacked(store: Store, url: str) -> list[str]:
     """Ids of the pointers to ``url`` in its partition inbox that nobody has acknowledged:
     not yet read by the group, or read and still pending."""
@@ -107,14 +116,3 @@ async def state(store: Store, url: str) -> tuple[Any, ...]:
         await r.hgetall(k.timerdata(p)),
         await r.get(k.lease(p)),
     )
-
-
-async def after_millisecond_of(store: Store, stream_id: str) -> None:
-    """Wait until the Redis clock has passed the millisecond of ``stream_id`` (a new
-    stream's ``XADD *`` then makes a greater id). Polls Redis TIME; no fixed sleep."""
-    ms = int(stream_id.split("-")[0])
-    for _ in range(10_000):
-        sec, usec = await store.redis.time()
-        if sec * 1000 + usec // 1000 > ms:
-            return
-    raise AssertionError(f"the Redis clock did not pass {stream_id}")

@@ -11,8 +11,8 @@ import pytest
 
 from tests.script_helpers import (
     PARTITIONS,
-    after_millisecond_of,
     create,
+    emptied_log,
     inbox_entries,
     lease,
     log,
@@ -296,7 +296,8 @@ async def test_an_acknowledging_commit_for_a_deleted_entity_writes_no_metadata(s
     await store.commit(URL, token, acks=[pointer])
     assert await unacked(store, URL) == []
     assert await store.meta(URL) == {}
-    assert await partition_keys(store, URL) == {store.keys.inbox(store.keys.partition(URL))}
+    inbox = store.keys.inbox(store.keys.partition(URL))
+    assert await partition_keys(store, URL) == {inbox, await emptied_log(store, URL)}
 
 
 # -- FIRE and CANCEL_TIMER -------------------------------------------------------------
@@ -357,13 +358,12 @@ async def test_a_timer_of_a_deleted_entity_fires_as_nothing_and_is_removed(store
     assert await store.redis.zrange(k.timers(p), 0, -1) == []
     assert await store.redis.hgetall(k.timerdata(p)) == {}
     assert await store.meta(URL) == {}
-    assert await partition_keys(store, URL) == {k.inbox(p)}
+    assert await partition_keys(store, URL) == {k.inbox(p), await emptied_log(store, URL)}
 
 
 async def test_a_timer_of_an_old_incarnation_does_not_fire_into_the_new_one(store):
     created, _, p, token, member = await with_timer(store)
     assert await store.delete(URL, token, created, [])
-    await after_millisecond_of(store, created)  # see the xfail test of a reused incarnation
     result = await store.append_input(URL, "t", created=b"C", events=[("i", b"new")])
     assert result.created_id != created
     before = await state(store, URL)
@@ -421,9 +421,11 @@ async def test_delete_removes_the_entity_and_acknowledges_its_pointers(store):
     keys_before = await partition_keys(store, URL)
     assert {k.log(URL), k.meta(URL), k.snap(URL), k.actions(URL)} <= keys_before
     assert await store.delete(URL, token, created, [pointer]) is True
-    # Gone: log, metadata, snapshot, actions and the type set membership; the pointer is acked.
-    # Left: the idempotency key (until its TTL) and the timer (it fires as nothing).
+    # Gone: metadata, snapshot, actions and the type set membership; the pointer is acked.
+    # Left: the emptied log and the idempotency key (until their TTLs) and the timer (it
+    # fires as nothing).
     assert await partition_keys(store, URL) == {
+        await emptied_log(store, URL),
         k.inbox(p),
         k.typeset(p, "t"),
         k.log(other),
@@ -442,7 +444,8 @@ async def test_delete_removes_the_entity_and_acknowledges_its_pointers(store):
 async def test_delete_of_the_last_entity_of_a_type_leaves_no_type_set(store):
     created, _, pointer, token = await woken(store)
     assert await store.delete(URL, token, created, [pointer]) is True
-    assert await partition_keys(store, URL) == {store.keys.inbox(store.keys.partition(URL))}
+    inbox = store.keys.inbox(store.keys.partition(URL))
+    assert await partition_keys(store, URL) == {inbox, await emptied_log(store, URL)}
     assert await store.entity_urls("t") == []
 
 
@@ -477,7 +480,6 @@ async def test_delete_under_a_taken_over_lease_is_fenced_and_changes_nothing(sto
 async def test_a_recreated_entity_is_a_later_incarnation(store):
     created, _, pointer, token = await woken(store)
     assert await store.delete(URL, token, created, [pointer])
-    await after_millisecond_of(store, created)  # see the xfail test of a reused incarnation
     result = await store.append_input(URL, "t", created=b"C", events=[("i", b"again")])
     assert result.appended
     assert id_gt(result.created_id, created)
@@ -487,11 +489,6 @@ async def test_a_recreated_entity_is_a_later_incarnation(store):
     assert await store.delete(URL, token, created, []) is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DELETE does not remove live:<url> (it is not among its keys): the deleted "
-    "entity's live output stays forever and a re-created entity's readers see it",
-)
 async def test_delete_removes_the_live_output_too(store):
     created, _, pointer, token = await woken(store)
     await store.append_live(URL, [b"delta"])
@@ -499,11 +496,6 @@ async def test_delete_removes_the_live_output_too(store):
     assert await store.redis.exists(store.keys.live(URL)) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DELETE removes the log stream, so the re-create's XADD * starts a fresh stream "
-    "at <now ms>-0: within the millisecond of the old creation it is the old created id",
-)
 async def test_a_recreated_entity_never_reuses_the_deleted_incarnation(store):
     """Created ids are the incarnation: a stale commit, a stale delete and an old timer are
     refused by it. A delete and a re-create within the millisecond of the creation must not
@@ -524,11 +516,6 @@ async def test_a_recreated_entity_never_reuses_the_deleted_incarnation(store):
     assert reused == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CANCEL_TIMER has no incarnation check (FIRE has): HINCRBY writes meta "
-    "{timers: -1} for a deleted entity; latent, the worker cancels only its own incarnation's",
-)
 async def test_cancelling_a_timer_of_a_deleted_entity_writes_no_metadata(store):
     created, _, p, token, member = await with_timer(store)
     assert await store.delete(URL, token, created, [])
