@@ -151,3 +151,19 @@ async def cluster(backend: str, prefix: str) -> AsyncIterator[Cluster]:
 
 
 MakeRuntime = Callable[..., Any]
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> Runtime:
+    """A client without a worker whose partition inboxes have their consumer group, so a
+    test can play the worker's part by hand (the script tests)."""
+    rt = await cluster.runtime(run_worker=False)
+    for p in range(rt.settings.partitions):
+        await rt.store.ensure_group(p)
+    return rt
+
+
+@pytest.fixture
+def store(client: Runtime) -> Any:
+    """The store of :func:`client`."""
+    return client.store

@@ -10,7 +10,6 @@ import anyio
 import pytest
 
 from tests.script_helpers import (
-    PARTITIONS,
     create,
     emptied_log,
     inbox_entries,
@@ -30,19 +29,6 @@ from wakeful.streamids import id_gt
 pytestmark = pytest.mark.anyio
 
 URL = "/t/a"
-
-
-@pytest.fixture
-async def client(cluster):
-    rt = await cluster.runtime(run_worker=False)
-    for p in range(PARTITIONS):
-        await rt.store.ensure_group(p)
-    return rt
-
-
-@pytest.fixture
-def store(client):
-    return client.store
 
 
 async def woken(store, url: str = URL, *events: bytes) -> tuple[str, list[str], str, str]:

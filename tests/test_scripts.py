@@ -11,7 +11,6 @@ import random
 import pytest
 
 from tests.script_helpers import (
-    PARTITIONS,
     create,
     inbox_entries,
     lease,
@@ -29,19 +28,6 @@ from wakeful.streamids import id_gt
 pytestmark = pytest.mark.anyio
 
 URL = "/t/a"
-
-
-@pytest.fixture
-async def client(cluster):
-    rt = await cluster.runtime(run_worker=False)
-    for p in range(PARTITIONS):
-        await rt.store.ensure_group(p)
-    return rt
-
-
-@pytest.fixture
-def store(client):
-    return client.store
 
 
 def entity_keys(store, url: str, *extra: str) -> set[str]:
