@@ -23,10 +23,10 @@ from .actions import (
     check_client_tools,
     default_authorizer,
 )
+from .capabilities import Capability
 from .client_actions import PendingActions
 from .config import Settings
 from .connection import connect
-from .contracts import Capability
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,

@@ -23,12 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .activation import INPUT, Activation, CommitBatch
-from .agent import WakeInterrupted
 from .cache import Cached, WarmCache
+from .cancellation import CancelSignal
 from .config import Settings
-from .context import CancelSignal, HandlerContext, WakeInfo
+from .context import HandlerContext
 from .delivery import Delivery
-from .errors import EventDecodeError, FencedError, UnknownEntityTypeError, UnreadableHistoryError
+from .errors import (
+    EventDecodeError,
+    FencedError,
+    UnknownEntityTypeError,
+    UnreadableHistoryError,
+    WakeInterrupted,
+)
 from .events import CancelRequested, DeleteRequested, LogRecord, unpack
 from .failures import Parking
 from .fold import Rebuilt, check_skipped, initial_state, rebuild
@@ -41,6 +47,7 @@ from .store import TRANSIENT_ERRORS, EntityMeta, Loaded, Store
 from .streamids import ZERO, id_gt, max_id
 from .ticket import WakeTicket, commit
 from .urls import parse_url
+from .wake import WakeInfo
 
 log = logging.getLogger("wakeful.pipeline")
 # Errors that end the wake without a trace in the log: the runner retries or gives up.

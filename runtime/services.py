@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .contracts import Capability, CapabilityPool
+from .capabilities import Capability, CapabilityPool
 from .errors import EntityNotFoundError, FencedError, UnknownEntityTypeError
 from .events import decode_event
 from .registry import EntityType, Registry

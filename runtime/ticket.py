@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .activation import CommitBatch
-from .context import CancelSignal
+from .cancellation import CancelSignal
 from .store import Store
 
 _NOTHING = CommitBatch()

@@ -27,8 +27,8 @@ import msgspec
 
 from . import leases as lease_room
 from .cache import WarmCache
+from .capabilities import Capability
 from .config import Settings
-from .contracts import Capability
 from .delivery import Delivery
 from .leases import Lease, LeaseKeeper
 from .listeners import Listeners
