@@ -230,6 +230,13 @@ class WakePipeline:
             state.system.run = open_run
             await self.parking.handler_failed(ticket, inputs, attempts, exc, act)
             return
+        except BaseExceptionGroup as group:  # a handler's own task group was interrupted
+            if group.subgroup(WakeInterrupted) is None:
+                raise
+            log.info("wake of %s interrupted: %s", ticket.url, group)
+            self.cache.forget(ticket.url)
+            self._done(ticket)
+            return
         finally:
             await live.aclose()
         await self._commit(wake, batch, handled_partial=bool(partial) or flush.flushed)

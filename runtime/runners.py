@@ -29,6 +29,9 @@ from .ticket import CancelSlot, WakeTicket
 
 log = logging.getLogger("wakeful.runners")
 
+STOP_WARNING_S = 5.0
+"""How long a shutdown cancels runners before it names the ones that do not stop."""
+
 
 @dataclass
 class Runner:
@@ -96,7 +99,18 @@ class Runners:
         by an ``asyncio.wait_for`` inside redis-py (it sends with one when
         ``socket_timeout`` is set), and a runner that survived a single cancel would
         hang the shutdown."""
+        deadline = asyncio.get_running_loop().time() + STOP_WARNING_S
         while pending := [r.task for r in self._runners.values() if r.task and not r.task.done()]:
+            if deadline and asyncio.get_running_loop().time() >= deadline:
+                # A handler that swallows cancellation: the runner group owns its task and
+                # waits for it, so say which ones hold the shutdown up (and keep cancelling).
+                names = ", ".join(sorted(t.get_name() for t in pending))
+                log.error(
+                    "worker %s: still cancelling runners that do not stop: %s",
+                    self.worker_id,
+                    names,
+                )
+                deadline = 0.0
             for task in pending:
                 task.cancel()
             await asyncio.wait(pending, timeout=0.1)
@@ -164,9 +178,12 @@ class Runners:
         ):  # a bug in the runtime itself: keep the worker alive, leave pointers pending
             log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
             self.cache.forget(runner.url)
-        except BaseException:
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             if not self.killed:  # after kill() the task just ends, whatever stopped it
                 raise
+        except BaseException:  # any other escape is a runtime bug too: this entity only
+            log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
+            self.cache.forget(runner.url)
         finally:
             self.untrack(runner.partition, runner.pointer_ids)
             self._runners.pop(runner.url, None)

@@ -44,17 +44,19 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 async def first_of(work: Awaitable[T], stop: Awaitable[Any]) -> tuple[bool, T | None]:
     """Await ``work`` unless ``stop`` completes first: ``(True, result)`` if the work
-    finished (its failure is raised as itself), ``(False, None)`` if it was stopped.
-    Both are awaited to their end before this returns, whichever way it ends."""
+    finished first (its failure is raised as itself), ``(False, None)`` if it was stopped,
+    whatever the work then did while it was cancelled (its late failure is retrieved, not
+    raised: a stop is a stop). Both are awaited to their end before this returns."""
     task = asyncio.ensure_future(work)
     stopper = asyncio.ensure_future(stop)
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finished = task.done()
     finally:
         await _cancel_and_wait(stopper)
         if not task.done():
             await _cancel_and_wait(task)
-    if task.cancelled():
+    if not finished:
         return False, None
     return True, task.result()
 

@@ -472,3 +472,48 @@ async def test_a_lost_lease_ends_the_wake_even_if_the_handler_catches_exception(
     await until(interrupted, 15, "the worker to end the wake as interrupted")
     assert swallowed == [], "except Exception must not catch the interruption"
     assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]
+
+
+async def test_an_interruption_inside_a_handler_s_task_group_ends_only_that_wake(
+    cluster, caplog: pytest.LogCaptureFixture
+):
+    """A handler that runs its agent in its own task group sees the interruption wrapped in
+    a BaseExceptionGroup: the wake still ends as interrupted, and the worker goes on
+    serving other entities (the group must not escape into the worker's runner group)."""
+    caplog.set_level(logging.INFO, logger="wakeful")
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        if any(m["role"] == "assistant" for m in request.messages):
+            return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+        trip = {"type": "tool_use", "id": "t1", "name": "trip", "input": {}}
+        return ModelResponse(content=[trip], stop_reason="tool_use")
+
+    reg = Registry()
+
+    @reg.entity("bot")
+    async def bot(ctx: HandlerContext) -> None:
+        async def trip(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
+            signal.cancel("the partition lease was lost", kind="lease")
+            return ToolResult("tripped")
+
+        tool = AgentTool("trip", "Trips the lease.", {"type": "object"}, trip)
+        ctx.use_agent(system_prompt="You trip.", model=ScriptedModel(respond), tools=[tool])
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ctx.agent.run())
+
+    @reg.entity("echo")
+    async def echo(ctx: HandlerContext) -> None:
+        for message in ctx.wake.messages:
+            ctx.reply(message.payload)
+
+    rt = await cluster.runtime(reg)
+    await rt.send("/bot/b", "go")
+
+    async def interrupted() -> bool:
+        return any(
+            "interrupted" in r.getMessage() and "/bot/b" in r.getMessage() for r in caplog.records
+        )
+
+    await until(interrupted, 15, "the worker to end the wake as interrupted")
+    assert await asyncio.wait_for(rt.ask("/echo/e", "still serving"), 15) == "still serving"
+    assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]

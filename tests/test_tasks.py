@@ -72,3 +72,21 @@ async def test_first_of_raises_the_work_s_failure_as_itself():
 
     with pytest.raises(KeyError):
         await first_of(work(), asyncio.Event().wait())
+
+
+async def test_first_of_reports_a_stop_even_if_the_work_fails_while_cancelled():
+    """A stop is a stop: a work that raises while it is being cancelled (a task group that
+    fails in its cleanup) does not turn the stop into its error."""
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise LookupError("failed while cancelled") from None
+
+    async def stopper() -> None:
+        await started.wait()
+
+    assert await first_of(work(), stopper()) == (False, None)
