@@ -46,10 +46,6 @@ from .state import Database, EntityState
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
 
-# The size limit for events the runtime builds itself at a commit (their parts were
-# checked against max_event_bytes when the handler made them). A local name until the
-# shared constant of the storage layer is merged.
-
 
 @dataclass(frozen=True, slots=True)
 class Timer:

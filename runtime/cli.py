@@ -47,7 +47,7 @@ from .events import LogRecord
 from .live import LiveRecord
 from .registry import Registry
 from .status import EntityStatus
-from .tasks import first_of
+from .tasks import first_error, first_of
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
@@ -273,7 +273,7 @@ async def _statuses(rt: Runtime, urls: list[str]) -> list[EntityStatus]:
         async with asyncio.TaskGroup() as group:
             reads = [group.create_task(rt.status(url)) for url in urls]
     except ExceptionGroup as failed:
-        raise failed.exceptions[0] from None
+        raise first_error(failed) from None
     return [read.result() for read in reads]
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -66,6 +67,7 @@ from .urls import entity_url, parse_url
 from .worker import Worker
 
 T = TypeVar("T")
+log = logging.getLogger("wakeful.client")
 
 
 class Runtime(PendingActions):
@@ -116,6 +118,7 @@ class Runtime(PendingActions):
             # The runtime owns the worker task: close() stops it and awaits it (raising
             # its error), and a start that fails or is cancelled cancels it.
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
+            self._worker_task.add_done_callback(self._worker_ended)
             try:
                 await self._wait_worker_ready(self.worker, self._worker_task)
             except BaseException:
@@ -123,6 +126,11 @@ class Runtime(PendingActions):
                 await asyncio.wait({self._worker_task})
                 raise
         return self
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """Say at once when the embedded worker stops on its own (close() raises it too)."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("the embedded worker stopped, no wake runs until a restart: %r", error)
 
     @staticmethod
     async def _wait_worker_ready(worker: Worker, worker_task: asyncio.Task[None]) -> None:

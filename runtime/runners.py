@@ -5,9 +5,10 @@ partition and handed to the entity's :class:`Runner`, which runs the entity's
 activations one at a time (single writer) through the wake pipeline. Every
 runner is a task of the worker's runner task group (an ``asyncio.TaskGroup``:
 a runner starts per busy entity, and anyio's ``start_soon`` costs five times
-``create_task``), so none outlives the worker. A runner's own failures are handled per entity: a retry waits and goes
-again, a fenced or interrupted wake gives its pointers up, and a bug in the
-runtime is logged and leaves the pointers pending for a later sweep.
+``create_task``), so none outlives the worker. A runner's own failures are
+handled per entity: a retry waits and goes again, a fenced or interrupted wake
+gives its pointers up, and a bug in the runtime is logged and leaves the
+pointers pending for a later sweep.
 """
 
 from __future__ import annotations

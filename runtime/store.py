@@ -1,9 +1,10 @@
 """All Redis access of the runtime: the scripts and the few plain commands.
 
-:class:`Store` is the only Redis speaker above this layer (its reads are in
-``entity_reads.py``; scripts run through ``script_runner.py``). The data path is:
-client -> :meth:`Store.append_input` (SEND script) -> inbox -> worker
-:meth:`Store.read_inbox` -> :meth:`Store.load` (LOAD script) -> handler ->
+:class:`Store` is the only Redis speaker above the storage layer (its reads are in
+``entity_reads.py``; scripts run through ``script_runner.py``; idle notices are
+subscribed in ``notices.py``). The data path is: client ->
+:meth:`Store.append_input` (SEND script) -> inbox -> worker
+:meth:`Store.read_wake_pointers` -> :meth:`Store.load` (LOAD script) -> handler ->
 :meth:`Store.commit` (COMMIT script). Replies are decoded in ``replies.py``.
 """
 

@@ -34,12 +34,17 @@ async def all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
             for call in calls:
                 group.create_task(call)
     except BaseExceptionGroup as failed:
-        raise _first_leaf(failed) from None
+        raise first_error(failed) from None
 
 
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+def first_error(error: BaseException) -> BaseException:
+    """The error a task group failed with: its first leaf that is not a cancellation
+    (a group's other tasks are cancelled because of it), raised as itself by callers."""
+    if not isinstance(error, BaseExceptionGroup):
+        return error
+    leaves = [first_error(e) for e in error.exceptions]
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    return (real or leaves)[0]
 
 
 async def first_of(work: Awaitable[T], stop: Awaitable[Any]) -> tuple[bool, T | None]:

@@ -37,6 +37,7 @@ from .registry import Registry
 from .runners import Runners
 from .services import HandlerServices
 from .store import Store
+from .tasks import first_error
 from .ticket import WakeTicket
 
 log = logging.getLogger("wakeful.worker")
@@ -136,7 +137,7 @@ class Worker:
         for url in self.services.pooled():
             await self._release_capabilities(url)
         if failure is not None and not self._killed:
-            error = _first_error(failure)
+            error = first_error(failure)
             if not isinstance(error, asyncio.CancelledError):
                 log.error("worker %s stopped: %r", self.id, error)
             raise error
@@ -187,12 +188,3 @@ class Worker:
             await self.services.release_capabilities(url)
         except Exception:  # a failing cleanup must not stop the worker
             log.exception("worker %s: releasing the capabilities of %s failed", self.id, url)
-
-
-def _first_error(error: BaseException) -> BaseException:
-    """The error a task group failed with: its first leaf that is not a cancellation."""
-    if not isinstance(error, BaseExceptionGroup):
-        return error
-    leaves = [_first_error(e) for e in error.exceptions]
-    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
-    return (real or leaves)[0]

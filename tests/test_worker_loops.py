@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.apps import crashy
+from tests.apps.harness import until
 from wakeful import Worker
 
 pytestmark = pytest.mark.anyio
@@ -85,3 +86,26 @@ def test_wakeful_worker_exits_non_zero_when_a_loop_dies(tmp_path, server_url, pr
     )
     assert result.returncode != 0
     assert "the timer loop broke" in result.stderr
+
+
+async def test_an_embedded_worker_that_dies_says_so_at_once(
+    cluster, caplog: pytest.LogCaptureFixture
+):
+    """A Runtime with its own worker logs the worker's end when it happens, not only when
+    the runtime is closed (sends keep succeeding while nothing wakes)."""
+    rt = await cluster.runtime(crashy.registry)
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise LoopBug("due_timers broke")
+
+    rt.store.due_timers = broken  # type: ignore[method-assign]
+    assert rt.worker is not None
+    await asyncio.wait_for(rt.worker.stopped.wait(), 10)
+
+    async def logged() -> bool:
+        return any("embedded worker stopped" in r.getMessage() for r in caplog.records)
+
+    await until(logged, 10, "the runtime to log its worker's end")
+    cluster.runtimes.remove(rt)  # closed here: close() raises the worker's error
+    with pytest.raises(LoopBug):
+        await rt.close()
