@@ -30,7 +30,7 @@ from .context import CancelSignal, HandlerContext, WakeInfo
 from .delivery import Delivery
 from .errors import EventDecodeError, FencedError, UnknownEntityTypeError, UnreadableHistoryError
 from .events import CancelRequested, DeleteRequested, LogRecord, unpack
-from .failures import Parking
+from .failures import Parking, first_unit
 from .fold import Rebuilt, check_skipped, initial_state, rebuild
 from .live import LivePublisher
 from .registry import EntityType, Registry
@@ -188,8 +188,12 @@ class WakePipeline:
 
     async def _run(self, wake: Wake) -> None:
         """Run the handler on ``wake.inputs`` and commit."""
+        attempts = wake.meta.attempts
+        if attempts and len(first_unit(wake.inputs)) < len(wake.inputs):
+            # A retry after a failure takes one input: the one that fails is isolated,
+            # and only it is parked with (and dead-lettered by ``resume --skip-failed``).
+            wake.inputs, wake.remember = first_unit(wake.inputs), False
         ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
-        attempts = meta.attempts
         open_run = state.system.run
         act = self._activation(ticket, state, wake.entity_type, inputs)
         cancel = next(
@@ -198,12 +202,15 @@ class WakePipeline:
         if cancel is not None:
             act.cancel_effects(cancel.reason)
         # A commit point inside the wake leaves the cursor where it is: mark the inputs
-        # as partly handled ("<first> <last>" input of the attempt), so that a retried
-        # wake knows which of its inputs an earlier attempt had (ctx.wake.resumed_upto).
+        # as partly handled ("<first> <last>": the last input any attempt that got past
+        # a commit point had), so that a retried wake knows which of its inputs earlier
+        # attempts had (ctx.wake.resumed_upto). Inputs are handled in log order and the
+        # cursor only moves forward, so every input after the cursor up to <last> was
+        # had by some attempt, whichever attempt it was.
         partial = meta.partial
-        attempted_first, _, attempted_last = partial.partition(" ")
-        resumed_upto = attempted_last if attempted_first == inputs[0].id else None
-        flush = _Flush(self, ticket, act, f"{inputs[0].id} {resumed_upto or inputs[-1].id}")
+        resumed_upto = _attempted_upto(partial, inputs[0].id)
+        attempted_last = max_id([resumed_upto or ZERO, inputs[-1].id])
+        flush = _Flush(self, ticket, act, f"{inputs[0].id} {attempted_last}")
         live = LivePublisher(self.store.append_live, ticket.url)
         ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
         self.stats["handler_calls"] += 1
@@ -225,7 +232,13 @@ class WakePipeline:
             return
         finally:
             await live.aclose()
-        await self._commit(wake, batch, handled_partial=bool(partial) or flush.flushed)
+        # The mark goes once the cursor passes every input it covers (a retry that
+        # handles fewer inputs than an earlier attempt had leaves it for the next wake).
+        marked = attempted_last if flush.flushed else resumed_upto
+        covered = marked is None or not id_gt(marked, max_id([r.id for r in wake.inputs]))
+        await self._commit(
+            wake, batch, handled_partial=(bool(partial) or flush.flushed) and covered
+        )
 
     def _context(
         self,
@@ -243,7 +256,7 @@ class WakePipeline:
             entity_type=parsed.type,
             entity_id=parsed.id,
             args=wake.entity_type.typed_args(unpack(raw_args) if raw_args else None),
-            wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto),
+            wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto, on_input=act.handling),
             first_wake=wake.meta.cursor == ZERO,
             db=act.db,
             signal=signal,
@@ -336,7 +349,7 @@ class _Flush:
         self._pipeline = pipeline
         self._ticket = ticket
         self._act = act
-        self._partial = partial  # "<first> <last>" input of this attempt
+        self._partial = partial  # "<first> <last>": see WakePipeline._run
         self.flushed = False
 
     async def __call__(self) -> None:
@@ -350,6 +363,15 @@ class _Flush:
         _note_applied(self._act.state, batch.events, ids)
         pipeline._fault("flush:after-commit")
         await pipeline.delivery.after_commit(ticket, batch, ids)
+
+
+def _attempted_upto(partial: str, first_input: str) -> str | None:
+    """The last input an earlier attempt that got past a commit point had, if it is
+    one of this wake's (at or after ``first_input``); None for no mark or a stale one."""
+    last = partial.rpartition(" ")[2]
+    if not last or id_gt(first_input, last):
+        return None
+    return last
 
 
 def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list[str]) -> None:
