@@ -11,9 +11,10 @@ An :class:`Activation` collects everything a handler does during a wake:
 At a commit point it turns them into log events and timers for
 :meth:`Store.commit`. Effects leave through the entity's own log (an ``outbox``
 event) and are delivered after the commit. Each effect's idempotency key is
-derived from the wake (its first input id) and the effect's position in it, so
-a handler replayed after a crash produces the same keys and nothing is
-delivered twice.
+derived from the wake (its first input id), a scope inside it (the tool call,
+or the input the handler is on) and the effect's position in that scope, so a
+handler replayed after a crash produces the same keys and nothing is delivered
+twice, and a replay that skips an input cannot shift the keys of the next.
 """
 
 from __future__ import annotations
