@@ -44,6 +44,7 @@ from .events import (
 )
 from .scope import ALL, CURRENT_TOOL_CALL, take
 from .state import Database, EntityState
+from .streamids import id_gt
 
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
@@ -96,6 +97,7 @@ class Activation:
         self.limit = max_event_bytes
         self._counters: dict[str, int] = {}
         self._input: str | None = None  # the input the handler is on (see ``handling``)
+        self.asked: str | None = None  # the last input it was on
         self.derived: set[str] = set()  # ids from derive_id: no other entity can have made them
         self._commits = 0
         self._attempt = secrets.token_hex(6)  # this attempt at the wake, for change notices
@@ -109,6 +111,8 @@ class Activation:
         """The handler is now on input ``input_id`` (``ctx.wake.attempted(record)``
         says so): the effects it makes until the next input are counted for it."""
         self._input = input_id
+        if self.asked is None or id_gt(input_id, self.asked):
+            self.asked = input_id
 
     def _scope(self) -> tuple[str, int]:
         """The current key scope and the next number in it.

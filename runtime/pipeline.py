@@ -209,8 +209,7 @@ class WakePipeline:
         # had by some attempt, whichever attempt it was.
         partial = meta.partial
         resumed_upto = _attempted_upto(partial, inputs[0].id)
-        attempted_last = max_id([resumed_upto or ZERO, inputs[-1].id])
-        flush = _Flush(self, ticket, act, f"{inputs[0].id} {attempted_last}")
+        flush = _Flush(self, ticket, act, resumed_upto)
         live = LivePublisher(self.store.append_live, ticket.url)
         ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
         self.stats["handler_calls"] += 1
@@ -234,7 +233,7 @@ class WakePipeline:
             await live.aclose()
         # The mark goes once the cursor passes every input it covers (a retry that
         # handles fewer inputs than an earlier attempt had leaves it for the next wake).
-        marked = attempted_last if flush.flushed else resumed_upto
+        marked = flush.last if flush.flushed else resumed_upto
         covered = marked is None or not id_gt(marked, max_id([r.id for r in wake.inputs]))
         await self._commit(
             wake, batch, handled_partial=(bool(partial) or flush.flushed) and covered
@@ -344,22 +343,30 @@ class _Flush:
     """``ctx.flush()``: a commit point inside the wake (the cursor stays where it is)."""
 
     def __init__(
-        self, pipeline: WakePipeline, ticket: WakeTicket, act: Activation, partial: str
+        self, pipeline: WakePipeline, ticket: WakeTicket, act: Activation, resumed: str | None
     ) -> None:
         self._pipeline = pipeline
         self._ticket = ticket
         self._act = act
-        self._partial = partial  # "<first> <last>": see WakePipeline._run
+        self._resumed = resumed  # the mark of earlier attempts (see WakePipeline._run)
+        self.last = resumed
         self.flushed = False
 
     async def __call__(self) -> None:
-        batch = self._act.take_commit(CURRENT_TOOL_CALL.get())
+        act = self._act
+        batch = act.take_commit(CURRENT_TOOL_CALL.get())
         if not batch:
             return
         pipeline, ticket = self._pipeline, self._ticket
         self.flushed = True
+        # This attempt had its inputs up to the last one the handler asked
+        # ``ctx.wake.attempted`` about (it is on that one now: a per-input flush does
+        # not claim the inputs after it), or all of them if it never asked.
+        had = act.asked or act.inputs[-1].id
+        self.last = max_id([self._resumed or ZERO, had])
+        partial = f"{act.wake_id} {self.last}"
         pipeline._fault("flush:before-commit")
-        ids = await commit(pipeline.store, ticket, batch, fields={"partial": self._partial})
+        ids = await commit(pipeline.store, ticket, batch, fields={"partial": partial})
         _note_applied(self._act.state, batch.events, ids)
         pipeline._fault("flush:after-commit")
         await pipeline.delivery.after_commit(ticket, batch, ids)

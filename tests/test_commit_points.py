@@ -9,6 +9,8 @@ at the fault points.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -169,3 +171,53 @@ async def test_skipping_a_flushed_input_does_not_shift_the_next_effect_key(clust
     await rt.wait_idle("/sink/s")
     sink = [r.event async for r in rt.events("/sink/s")]
     assert [e.payload for e in sink if isinstance(e, Message)] == ["one", "two"]
+
+
+def stepwise_app(started: asyncio.Event, gate: asyncio.Event) -> Registry:
+    """+1 per message "one"/"two" with a commit point after each (the careful pattern
+    with one flush per input); "hold" waits for ``gate``, so what is sent meanwhile
+    reaches the next wake together."""
+    reg = Registry()
+
+    @reg.entity("steps", state={"counts": Collection(primary_key="key", row=Count)})
+    async def steps(ctx: HandlerContext) -> None:
+        for record in ctx.wake.events:
+            if not isinstance(record.event, Message) or ctx.wake.attempted(record):
+                continue
+            if record.event.payload == "hold":
+                started.set()
+                await gate.wait()
+                continue
+            if "total" in ctx.db.collections.counts:
+                ctx.db.actions.counts_update(
+                    key="total", updater=lambda r: setattr(r, "n", r.n + 1)
+                )
+            else:
+                ctx.db.actions.counts_insert(row=Count("total", 1))
+            await ctx.flush()
+
+    return reg
+
+
+async def test_a_flush_per_input_marks_only_the_inputs_handled_before_it(cluster):
+    """A wake of "one" and "two" flushes after "one" and crashes before the flush after
+    "two" commits: the retry must not take "two" for attempted, or it is never counted."""
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def trigger(rt) -> None:
+        await rt.send("/steps/s", "hold")
+        await started.wait()  # the entity is busy: the next two are one wake
+        await rt.send("/steps/s", "one")
+        await rt.send("/steps/s", "two")
+        gate.set()
+
+    rt = await crash_and_recover(
+        cluster,
+        stepwise_app(started, gate),
+        "/steps/s",
+        None,
+        "flush:before-commit",
+        2,
+        trigger=trigger,
+    )
+    assert await total(rt, "/steps/s") == 2
