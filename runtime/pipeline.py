@@ -270,7 +270,9 @@ class WakePipeline:
         ticket, state = wake.ticket, wake.state
         since = wake.since + len(batch.events)
         snapshot = b""
-        if since >= self.settings.snapshot_every:
+        # A wake that leaves inputs it read for the next one (wake.remember is False)
+        # writes no snapshot: it would cover them, and a cold load would never see them.
+        if since >= self.settings.snapshot_every and wake.remember:
             snapshot = state.snapshot()
             since = 0
         fields: dict[str, object] = {}
