@@ -11,14 +11,16 @@ An :class:`Activation` collects everything a handler does during a wake:
 At a commit point it turns them into log events and timers for
 :meth:`Store.commit`. Effects leave through the entity's own log (an ``outbox``
 event) and are delivered after the commit. Each effect's idempotency key is
-derived from the wake (its first input id) and the effect's position in it, so
-a handler replayed after a crash produces the same keys and nothing is
-delivered twice.
+derived from the wake (its first input id), a scope inside it (the tool call,
+or the input the handler is on) and the effect's position in that scope, so a
+handler replayed after a crash produces the same keys and nothing is delivered
+twice, and a replay that skips an input cannot shift the keys of the next.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +44,7 @@ from .events import (
 )
 from .scope import ALL, CURRENT_TOOL_CALL, take
 from .state import Database, EntityState
+from .streamids import id_gt
 
 # Flags for Store.commit: how the commit script treats each appended event.
 PLAIN, INPUT, OUTBOX = "e", "i", "o"
@@ -89,25 +92,47 @@ class Activation:
         self.wake_id = inputs[0].id if inputs else "0-0"
         self.limit = max_event_bytes
         self._counters: dict[str, int] = {}
+        self._input: str | None = None  # the input the handler is on (see ``handling``)
+        self.asked: str | None = None  # the last input it was on
         self.derived: set[str] = set()  # ids from derive_id: no other entity can have made them
         self._commits = 0
+        self._attempt = secrets.token_hex(6)  # this attempt at the wake, for change notices
         # Buffered until the next commit point, with the tool call that made them.
         self._events: list[tuple[str | None, Event]] = []
         self._effects: list[tuple[str | None, Effect]] = []
 
     # -- keys and ids ------------------------------------------------------------
 
+    def handling(self, input_id: str) -> None:
+        """The handler is now on input ``input_id`` (``ctx.wake.attempted(record)``
+        says so): the effects it makes until the next input are counted for it."""
+        self._input = input_id
+        if self.asked is None or id_gt(input_id, self.asked):
+            self.asked = input_id
+
     def _scope(self) -> tuple[str, int]:
         """The current key scope and the next number in it.
 
-        Outside tool calls the scope is the wake (its first input id). Inside a
-        tool call it is the wake plus the ``tool_call_id``: a journaled run
-        replays only the calls that did not finish, so counting across the whole
-        wake would shift; counting within one call does not. (A call id alone is
-        not enough: a scripted model may reuse ids in later runs.)
+        Keys count within a scope, never across the whole wake, so that a retried
+        attempt that skips work an earlier attempt flushed cannot shift the keys of
+        later effects onto the keys of what the earlier attempt sent.
+
+        Inside a tool call the scope is the wake plus the ``tool_call_id``: a
+        journaled run replays only the calls that did not finish. (A call id alone
+        is not enough: a scripted model may reuse ids in later runs.) Outside
+        tool calls, once the handler asked ``ctx.wake.attempted(record)``, the
+        scope is the wake plus that input: a retry that skips an input an earlier
+        attempt had counts the next input's effects from one, as every attempt
+        does, and a retry that redoes the input gets the same keys again.
+        Otherwise the scope is the wake (its first input id).
         """
         call = CURRENT_TOOL_CALL.get()
-        scope = self.wake_id if call is None else f"{self.wake_id}|{call}"
+        if call is not None:
+            scope = f"{self.wake_id}|{call}"
+        elif self._input is not None:
+            scope = f"{self.wake_id}|@{self._input}"
+        else:
+            scope = self.wake_id
         n = self._counters.get(scope, 0) + 1
         self._counters[scope] = n
         return scope, n
@@ -256,7 +281,10 @@ class Activation:
         )
 
     def _change_notice(self, subscriber: str, spec: Subscription, names: list[str]) -> Effect:
-        key = f"{self.url}|chg|{subscriber}|{self.wake_id}|{self._commits}"
+        # Made at the commit (not by the handler), and delivered from the journaled
+        # outbox after a crash: the key need not be the same in another attempt, and
+        # must not be (a retry's commits are changes of their own).
+        key = f"{self.url}|chg|{subscriber}|{self.wake_id}|{self._attempt}|{self._commits}"
         due = int(time.time() * 1000) + spec.debounce_ms if spec.debounce_ms else 0
         return Effect(
             kind="notify",

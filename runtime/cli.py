@@ -390,13 +390,15 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
 async def _resume(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
-        await rt.resume(args.url, skip_failed=args.skip_failed)
+        skipped = await rt.resume(args.url, skip_failed=args.skip_failed)
     finally:
         await rt.close()
     if args.json:
-        terminal.print_json({"url": args.url, "resumed": True})
+        terminal.print_json({"url": args.url, "resumed": True, "skipped": skipped})
     else:
-        out.print(f"resumed {args.url}")
+        out.print(f"resumed {args.url}", markup=False)
+        for input_id in skipped:
+            out.print(f"skipped {input_id}", markup=False)
     return OK
 
 

@@ -308,9 +308,10 @@ class Runtime(PendingActions):
             raise EntityNotFoundError(url) from None
         return result.id
 
-    async def resume(self, url: str, *, skip_failed: bool = False) -> None:
+    async def resume(self, url: str, *, skip_failed: bool = False) -> list[str]:
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
-        moves the cursor past the inputs of the failure (dead-lettering them)."""
+        moves the cursor past the inputs of the failure (dead-lettering them). Returns
+        the ids of the inputs skipped (none without ``skip_failed``)."""
         not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
         if not (await self._entity_meta(url)).parked:
             raise not_failed
@@ -321,6 +322,7 @@ class Runtime(PendingActions):
         resumed = encode_event(Resumed(skipped=skipped), limit=RUNTIME_EVENT_MAX_BYTES)
         if not await self._store.resume(url, resumed, skipped):
             raise not_failed  # resumed (or deleted) by someone else meanwhile
+        return skipped
 
     async def _last_failure(self, url: str) -> EntityFailed | None:
         for entry_id, fields in await self._store.newest_log_entries(url, 200):

@@ -1,8 +1,10 @@
 """When a wake fails: retry it later, or park the entity.
 
 A handler that raises is retried with exponential backoff (a ``handler_failed``
-event records each attempt; the inputs stay unhandled). After
-``max_attempts`` the entity is **parked**: an ``entity_failed`` event and
+event records each attempt; the inputs stay unhandled). A retry takes only the
+first input (:func:`first_unit`), so the input the handler fails on is isolated
+and the others are handled by later wakes. After ``max_attempts`` the entity is
+**parked**: an ``entity_failed`` event and
 ``status=failed`` in its metadata, its wake pointers acknowledged, its inputs
 left in the log until an operator resumes it. Parking also finishes the run
 the wake belonged to as failed, so subscribers waiting for it are notified.
@@ -20,11 +22,24 @@ from .activation import PLAIN, Activation, CommitBatch
 from .cache import WarmCache
 from .config import Settings
 from .delivery import Delivery
-from .events import RUNTIME_EVENT_MAX_BYTES, EntityFailed, HandlerFailed, LogRecord, encode_event
+from .events import (
+    RUNTIME_EVENT_MAX_BYTES,
+    Created,
+    EntityFailed,
+    HandlerFailed,
+    LogRecord,
+    encode_event,
+)
 from .store import Store
 from .ticket import WakeTicket, commit
 
 log = logging.getLogger("wakeful.failures")
+
+
+def first_unit(inputs: list[LogRecord]) -> list[LogRecord]:
+    """What a retried wake takes: its first input (with the input after it when that
+    is the entity's ``created`` event, which its first message comes with)."""
+    return inputs[: 2 if inputs and isinstance(inputs[0].event, Created) else 1]
 
 
 class RetryLater(Exception):
@@ -69,7 +84,8 @@ class Parking:
             inputs=input_ids,
         )
         log.warning("handler of %s failed (attempt %d): %r", ticket.url, attempt, exc)
-        if attempt < self.settings.max_attempts:
+        # A wake of several inputs is retried (one input at a time) rather than parked.
+        if attempt < self.settings.max_attempts or len(first_unit(inputs)) < len(inputs):
             record = CommitBatch(
                 events=[(PLAIN, encode_event(failure, limit=RUNTIME_EVENT_MAX_BYTES))]
             )

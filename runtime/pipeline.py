@@ -36,7 +36,7 @@ from .errors import (
     WakeInterrupted,
 )
 from .events import CancelRequested, DeleteRequested, LogRecord, unpack
-from .failures import Parking
+from .failures import Parking, first_unit
 from .fold import Rebuilt, check_skipped, initial_state, rebuild
 from .live import LivePublisher
 from .registry import EntityType, Registry
@@ -195,8 +195,12 @@ class WakePipeline:
 
     async def _run(self, wake: Wake) -> None:
         """Run the handler on ``wake.inputs`` and commit."""
+        attempts = wake.meta.attempts
+        if attempts and len(first_unit(wake.inputs)) < len(wake.inputs):
+            # A retry after a failure takes one input: the one that fails is isolated,
+            # and only it is parked with (and dead-lettered by ``resume --skip-failed``).
+            wake.inputs, wake.remember = first_unit(wake.inputs), False
         ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
-        attempts = meta.attempts
         open_run = state.system.run
         act = self._activation(ticket, state, wake.entity_type, inputs)
         cancel = next(
@@ -205,12 +209,14 @@ class WakePipeline:
         if cancel is not None:
             act.cancel_effects(cancel.reason)
         # A commit point inside the wake leaves the cursor where it is: mark the inputs
-        # as partly handled ("<first> <last>" input of the attempt), so that a retried
-        # wake knows which of its inputs an earlier attempt had (ctx.wake.resumed_upto).
+        # as partly handled ("<first> <last>": the last input any attempt that got past
+        # a commit point had), so that a retried wake knows which of its inputs earlier
+        # attempts had (ctx.wake.resumed_upto). Inputs are handled in log order and the
+        # cursor only moves forward, so every input after the cursor up to <last> was
+        # had by some attempt, whichever attempt it was.
         partial = meta.partial
-        attempted_first, _, attempted_last = partial.partition(" ")
-        resumed_upto = attempted_last if attempted_first == inputs[0].id else None
-        flush = _Flush(self, ticket, act, f"{inputs[0].id} {resumed_upto or inputs[-1].id}")
+        resumed_upto = _attempted_upto(partial, inputs[0].id)
+        flush = _Flush(self, ticket, act, resumed_upto)
         live = LivePublisher(self.store.append_live, ticket.url)
         ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
         self.stats["handler_calls"] += 1
@@ -239,7 +245,13 @@ class WakePipeline:
             return
         finally:
             await live.aclose()
-        await self._commit(wake, batch, handled_partial=bool(partial) or flush.flushed)
+        # The mark goes once the cursor passes every input it covers (a retry that
+        # handles fewer inputs than an earlier attempt had leaves it for the next wake).
+        marked = flush.last if flush.flushed else resumed_upto
+        covered = marked is None or not id_gt(marked, max_id([r.id for r in wake.inputs]))
+        await self._commit(
+            wake, batch, handled_partial=(bool(partial) or flush.flushed) and covered
+        )
 
     def _context(
         self,
@@ -257,7 +269,7 @@ class WakePipeline:
             entity_type=parsed.type,
             entity_id=parsed.id,
             args=wake.entity_type.typed_args(unpack(raw_args) if raw_args else None),
-            wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto),
+            wake=WakeInfo(wake.inputs, resumed_upto=resumed_upto, on_input=act.handling),
             first_wake=wake.meta.cursor == ZERO,
             db=act.db,
             signal=signal,
@@ -272,7 +284,9 @@ class WakePipeline:
         ticket, state = wake.ticket, wake.state
         since = wake.since + len(batch.events)
         snapshot = b""
-        if since >= self.settings.snapshot_every:
+        # A wake that leaves inputs it read for the next one (wake.remember is False)
+        # writes no snapshot: it would cover them, and a cold load would never see them.
+        if since >= self.settings.snapshot_every and wake.remember:
             snapshot = state.snapshot()
             since = 0
         fields: dict[str, object] = {}
@@ -345,25 +359,42 @@ class _Flush:
     """``ctx.flush()``: a commit point inside the wake (the cursor stays where it is)."""
 
     def __init__(
-        self, pipeline: WakePipeline, ticket: WakeTicket, act: Activation, partial: str
+        self, pipeline: WakePipeline, ticket: WakeTicket, act: Activation, resumed: str | None
     ) -> None:
         self._pipeline = pipeline
         self._ticket = ticket
         self._act = act
-        self._partial = partial  # "<first> <last>" input of this attempt
+        self._resumed = resumed  # the mark of earlier attempts (see WakePipeline._run)
+        self.last = resumed
         self.flushed = False
 
     async def __call__(self) -> None:
-        batch = self._act.take_commit(CURRENT_TOOL_CALL.get())
+        act = self._act
+        batch = act.take_commit(CURRENT_TOOL_CALL.get())
         if not batch:
             return
         pipeline, ticket = self._pipeline, self._ticket
         self.flushed = True
+        # This attempt had its inputs up to the last one the handler asked
+        # ``ctx.wake.attempted`` about (it is on that one now: a per-input flush does
+        # not claim the inputs after it), or all of them if it never asked.
+        had = act.asked or act.inputs[-1].id
+        self.last = max_id([self._resumed or ZERO, had])
+        partial = f"{act.wake_id} {self.last}"
         pipeline._fault("flush:before-commit")
-        ids = await commit(pipeline.store, ticket, batch, fields={"partial": self._partial})
+        ids = await commit(pipeline.store, ticket, batch, fields={"partial": partial})
         _note_applied(self._act.state, batch.events, ids)
         pipeline._fault("flush:after-commit")
         await pipeline.delivery.after_commit(ticket, batch, ids)
+
+
+def _attempted_upto(partial: str, first_input: str) -> str | None:
+    """The last input an earlier attempt that got past a commit point had, if it is
+    one of this wake's (at or after ``first_input``); None for no mark or a stale one."""
+    last = partial.rpartition(" ")[2]
+    if not last or id_gt(first_input, last):
+        return None
+    return last
 
 
 def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list[str]) -> None:

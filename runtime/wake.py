@@ -7,7 +7,8 @@ loop can use them without importing the context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .events import (
@@ -62,6 +63,9 @@ class WakeInfo:
 
     events: list[LogRecord]
     resumed_upto: str | None = None
+    # Told the input the handler is on (``attempted`` is asked per input): effect keys
+    # are counted per input, so skipping one cannot shift the keys of the next.
+    on_input: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def resumed(self) -> bool:
@@ -69,10 +73,17 @@ class WakeInfo:
         return self.resumed_upto is not None
 
     def attempted(self, record: LogRecord | str) -> bool:
-        """Whether an earlier attempt that got past a commit point had this input."""
+        """Whether an earlier attempt that got past a commit point had this input.
+
+        Asking also tells the runtime that the handler is now on this input: the
+        sends, spawns and derived ids it makes until it asks about the next one get
+        idempotency keys counted for this input, so they are the same whether or not
+        an attempt skipped the inputs before it."""
+        record_id = record if isinstance(record, str) else record.id
+        if self.on_input is not None:
+            self.on_input(record_id)
         if self.resumed_upto is None:
             return False
-        record_id = record if isinstance(record, str) else record.id
         return not id_gt(record_id, self.resumed_upto)
 
     @property

@@ -59,6 +59,11 @@ def worker_registry() -> Registry:
         if any(m.payload == "boom" for m in ctx.wake.messages):
             raise RuntimeError("boom")
 
+    @registry.entity("failer")
+    async def failer(ctx: HandlerContext) -> None:
+        if any(m.payload == "bad" for m in ctx.wake.messages):
+            raise RuntimeError("bad input")
+
     @registry.entity("slow")
     async def slow(ctx: HandlerContext) -> None:
         await asyncio.sleep(3)
@@ -141,6 +146,30 @@ async def test_resume_a_parked_entity(worker, server_url, prefix):
     resumed = await run(server_url, prefix, "resume", "/fragile/f1", "--skip-failed")
     assert resumed.returncode == 0 and "resumed /fragile/f1" in resumed.stdout
     assert (await worker.wait_idle("/fragile/f1")).status == "idle"
+
+
+async def test_resume_skip_failed_prints_exactly_the_skipped_inputs(server_url, prefix):
+    settings = Settings(
+        redis_url=server_url, prefix=prefix, partitions=4, max_attempts=2, retry_base_ms=20
+    )
+    client = Runtime(worker_registry(), settings=settings, run_worker=False)
+    await client.start()
+    worker = Runtime(worker_registry(), settings=settings, run_worker=True)
+    try:
+        # Sent before the worker runs: "bad" and "good" are one wake.
+        await client.send("/failer/f1", "hello")
+        bad = await client.send("/failer/f1", "bad")
+        good = await client.send("/failer/f1", "good")
+        await worker.start()
+        assert (await worker.wait_idle("/failer/f1")).status == "failed"
+        resumed = await run(server_url, prefix, "resume", "/failer/f1", "--skip-failed")
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.splitlines() == ["resumed /failer/f1", f"skipped {bad}"]
+        status = await worker.wait_idle("/failer/f1")
+        assert status.status == "idle" and status.cursor == good  # "good" was handled
+    finally:
+        await worker.close()
+        await client.close()
 
 
 def test_unreachable_redis_exits_6(prefix):

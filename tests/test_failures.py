@@ -238,3 +238,49 @@ async def test_a_handler_that_fails_once_then_succeeds(cluster) -> None:
     failures = of_kind(await records_of(rt, url), HandlerFailed)
     assert [f.attempt for f in failures] == [1, 1]
     assert (await rt.state(url))["count"] == [{"key": "total", "n": 2}]
+
+
+def picky_registry(handled: list[Any]) -> Registry:
+    """``picky`` fails on the message "bad" and records every other message it handles."""
+    reg = Registry()
+
+    @reg.entity("picky")
+    async def picky(ctx: HandlerContext) -> None:
+        payloads = [m.payload for m in ctx.wake.messages]
+        if "bad" in payloads:
+            raise RuntimeError("bad input")
+        handled.extend(payloads)
+
+    return reg
+
+
+@pytest.mark.parametrize("snapshot_every", [1000, 1])
+async def test_skip_failed_dead_letters_only_the_input_that_fails(cluster, snapshot_every) -> None:
+    """A message batched into the failing wake after the bad one is not dead-lettered
+    with it: retries take one input at a time, so only "bad" is parked and skipped
+    (also when every commit writes a snapshot: one of a wake that left inputs for the
+    next must not cover them)."""
+    handled: list[Any] = []
+    url = "/picky/p"
+    client = await cluster.runtime(picky_registry(handled), run_worker=False)
+    # Sent before any worker runs: one wake takes them all.
+    hello = await client.send(url, "hello")
+    bad = await client.send(url, "bad")
+    good = await client.send(url, "good")
+    rt = await cluster.runtime(
+        picky_registry(handled), max_attempts=2, snapshot_every=snapshot_every
+    )
+    status = await rt.wait_idle(url, timeout=10)
+    assert status.status == "failed"
+    records = await records_of(rt, url)
+    first = of_kind(records, HandlerFailed)[0]
+    assert first.inputs == [status.created_id, hello, bad, good]  # they were one wake
+    assert of_kind(records, EntityFailed)[-1].inputs == [bad]
+    assert handled == ["hello"]
+
+    skipped = await rt.resume(url, skip_failed=True)
+    assert skipped == [bad]
+    status = await rt.wait_idle(url, timeout=10)
+    assert status.status == "idle" and status.cursor == good
+    assert handled == ["hello", "good"]  # handled exactly once, "bad" never
+    assert of_kind(await records_of(rt, url), Resumed) == [Resumed(skipped=[bad])]
