@@ -1,0 +1,129 @@
+"""Bad items written straight into Redis: every loop handles them one by one.
+
+A wake pointer without its url, a malformed timer member, a corrupted cursor: each
+is logged, moved where an operator sees it (the partition's dead-letter stream, or
+the entity's status), and the worker goes on serving every other entity of the
+same partition, keeping its leases.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.apps.harness import until
+from wakeful import HandlerContext, Registry
+from wakeful.keys import GROUP
+
+pytestmark = pytest.mark.anyio
+
+
+def app(seen: list[object]) -> Registry:
+    reg = Registry()
+
+    @reg.entity("sink")
+    async def sink(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "arm":
+                await ctx.send(ctx.entity_url, "fired", after=0.05)
+            seen.append(m.payload)
+
+    return reg
+
+
+def url_in(rt, partition: int, n: int = 0) -> str:
+    urls = (f"/sink/e{i}" for i in range(1000))
+    return [u for u in urls if rt.store.keys.partition(u) == partition][n]
+
+
+async def served(rt, url: str, payload: object, seen: list[object]) -> None:
+    await rt.send(url, payload)
+    await until(lambda: _true(payload in seen), 10, f"{url} to get {payload!r}")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def assert_lease_kept(rt, partition: int) -> None:
+    worker = rt.worker
+    lease = worker.leases[partition]
+    first = lease.valid_until
+    await until(lambda: _true(lease.valid_until > first), 10, "the lease to be renewed")
+    assert worker.leases.get(partition) is lease and lease.valid()
+    assert not rt._worker_task.done()
+
+
+async def test_a_pointer_without_its_url_is_moved_aside_and_the_reader_goes_on(
+    cluster, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.ERROR, logger="wakeful")
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    p = 1
+    inbox = rt.store.keys.inbox(p)
+    bad_id = (await rt.store.redis.xadd(inbox, {"x": "1"})).decode()
+    await served(rt, url_in(rt, p), "after the bad pointer", seen)
+    await served(rt, url_in(rt, p, 1), "and again", seen)
+
+    [bad] = await until(rt.store.bad_items, 10, "the bad pointer in the dead-letter stream")
+    assert bad["kind"] == "pointer" and bad["item"] == bad_id and bad["key"] == inbox
+    assert "no 'u' field" in bad["reason"] and "'x'" in bad["detail"]
+    assert bad["partition"] == str(p)
+    assert not await rt.store.redis.xrange(inbox, bad_id, bad_id)  # out of the inbox
+    assert (await rt.store.redis.xpending(inbox, GROUP))["pending"] == 0
+    assert any(bad_id in r.getMessage() and inbox in r.getMessage() for r in caplog.records)
+    await assert_lease_kept(rt, p)
+
+
+async def test_a_bad_pending_pointer_does_not_break_the_lease_tick(cluster):
+    seen: list[object] = []
+    client = await cluster.runtime(app(seen), run_worker=False)
+    p = 2
+    keys = client.store.keys
+    url = url_in(client, p)
+    await client.store.ensure_group(p)
+    await client.store.redis.xadd(keys.inbox(p), {"u": b"\xff\xfe"})  # not UTF-8
+    await client.send(url, "pending behind it")
+    # A worker that died read both and acknowledged neither: the next owner claims them.
+    await client.store.redis.xreadgroup(GROUP, "dead", {keys.inbox(p): ">"}, count=10)
+
+    rt = await cluster.runtime(app(seen))
+    await until(lambda: _true("pending behind it" in seen), 10, "the claimed pointer's wake")
+    [bad] = await until(rt.store.bad_items, 10, "the bad pointer in the dead-letter stream")
+    assert "not UTF-8" in bad["reason"]
+    await served(rt, url_in(rt, p, 1), "later", seen)
+    await assert_lease_kept(rt, p)
+
+
+async def test_a_pointer_of_another_partition_is_moved_aside(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    foreign = url_in(rt, 0)
+    await rt.store.redis.xadd(rt.store.keys.inbox(3), {"u": foreign})
+    [bad] = await until(rt.store.bad_items, 10, "the misplaced pointer in the dead-letter stream")
+    assert "belongs to partition 0" in bad["reason"]
+    await served(rt, url_in(rt, 3), "still served", seen)
+
+
+async def test_a_malformed_timer_member_is_moved_aside_and_timers_still_fire(
+    cluster, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.ERROR, logger="wakeful")
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    p = 1
+    timers = rt.store.keys.timers(p)
+    await rt.store.redis.zadd(timers, {"garbage": 0})
+    await rt.store.redis.hset(rt.store.keys.timerdata(p), "garbage", b"data")
+    await served(rt, url_in(rt, p), "arm", seen)
+    await until(lambda: _true("fired" in seen), 10, "the good timer to fire")
+
+    [bad] = await until(rt.store.bad_items, 10, "the bad timer in the dead-letter stream")
+    assert bad["kind"] == "timer" and bad["item"] == "garbage" and bad["key"] == timers
+    assert "<url>|<incarnation>|<id>" in bad["reason"] and bad["detail"] == "data"
+    assert await rt.store.redis.zscore(timers, "garbage") is None
+    assert not await rt.store.redis.hexists(rt.store.keys.timerdata(p), "garbage")
+    assert any("garbage" in r.getMessage() and timers in r.getMessage() for r in caplog.records)
+    await assert_lease_kept(rt, p)
