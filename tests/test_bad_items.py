@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from tests.apps.harness import until
-from wakeful import HandlerContext, Registry
+from wakeful import EntityFailed, HandlerContext, Registry
 from wakeful.keys import GROUP
 
 pytestmark = pytest.mark.anyio
@@ -126,4 +126,44 @@ async def test_a_malformed_timer_member_is_moved_aside_and_timers_still_fire(
     assert await rt.store.redis.zscore(timers, "garbage") is None
     assert not await rt.store.redis.hexists(rt.store.keys.timerdata(p), "garbage")
     assert any("garbage" in r.getMessage() and timers in r.getMessage() for r in caplog.records)
+    await assert_lease_kept(rt, p)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [("cursor", "garbage", "'cursor' is 'garbage'"), ("attempts", "x", "'attempts' is b'x'")],
+)
+async def test_corrupted_metadata_parks_the_entity_with_the_error_in_its_status(
+    cluster, field, value, named
+):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    p = 1
+    url, other = url_in(rt, p), url_in(rt, p, 1)
+    await served(rt, url, "first", seen)
+    await rt.wait_idle(url)
+    await rt.store.redis.hset(rt.store.keys.meta(url), field, value)
+
+    status = await rt.status(url)  # reported, not raised
+    assert status.status == "failed" and named in status.error
+
+    await rt.send(url, "second")  # the worker meets the corrupted field and parks it
+
+    async def parked() -> bool:
+        return (await rt.store.meta(url)).get("status") == b"failed"
+
+    await until(parked, 10, f"{url} to be parked")
+    status = await rt.status(url)
+    assert status.status == "failed"
+    assert "the runtime failed on this entity" in status.error and named in status.error
+    assert "second" not in seen
+    await served(rt, other, "the partition goes on", seen)
+    await rt.send(url, "third")  # a parked entity is not parked again
+
+    async def acknowledged() -> bool:
+        return "woke" not in await rt.store.meta(url)
+
+    await until(acknowledged, 10, "the parked entity's pointer to be acknowledged")
+    failed = [r async for r in rt.events(url) if isinstance(r.event, EntityFailed)]
+    assert len(failed) == 1
     await assert_lease_kept(rt, p)
