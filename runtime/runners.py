@@ -185,6 +185,7 @@ class Runners:
                 token = self._token(runner.partition)
                 if token is None:
                     return
+                runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
                 ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
                 await self._activate(ticket)
         except RetryLater as retry:
