@@ -28,6 +28,7 @@ from .runners import Runners
 from .store import TRANSIENT_ERRORS, BadItem, Store
 
 log = logging.getLogger("wakeful.listeners")
+FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
 
 
 class Listeners:
@@ -46,6 +47,7 @@ class Listeners:
         self.leases = leases
         self.runners = runners
         self._fault = fault
+        self._fire_failures: dict[str, int] = {}  # timer member -> failed fires in a row
 
     async def read_inboxes(self) -> None:
         s = self.settings
@@ -110,22 +112,27 @@ class Listeners:
                     await self.store.fire_timer(partition, token, member)
                 except TRANSIENT_ERRORS:
                     raise
-                except Exception as exc:  # this timer cannot fire: move it aside, go on
-                    reason = f"firing it failed: {type(exc).__name__}: {exc}"
-                    bad = BadItem(
-                        partition,
-                        "timer",
-                        self.store.keys.timers(partition),
-                        member.encode(),
-                        reason,
-                    )
-                    await self._quarantine(bad)
+                except Exception as exc:  # this timer cannot fire now: go on with the others
+                    await self._fire_failed(partition, member, exc)
                     continue
+                self._fire_failures.pop(member, None)
                 self._fault("timer:after-fire")
         upcoming = await self.store.next_timer_ms(partitions)
         if upcoming is not None:
             delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
         return delay
+
+    async def _fire_failed(self, partition: int, member: str, exc: Exception) -> None:
+        """A timer whose FIRE script fails: retried at the next passes, and moved to the
+        dead-letter stream after :data:`FIRE_ATTEMPTS` failures in a row."""
+        failures = self._fire_failures[member] = self._fire_failures.get(member, 0) + 1
+        reason = f"firing it failed {failures} times: {type(exc).__name__}: {exc}"
+        if failures < FIRE_ATTEMPTS:
+            log.warning("worker %s: timer %r: %s", self.worker_id, member, reason)
+            return
+        self._fire_failures.pop(member, None)
+        key = self.store.keys.timers(partition)
+        await self._quarantine(BadItem(partition, "timer", key, member.encode(), reason))
 
     async def relay_cancels(self) -> None:
         """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from redis.exceptions import ResponseError
 
 from tests.apps.harness import until
 from wakeful import EntityFailed, HandlerContext, Registry
@@ -166,4 +167,27 @@ async def test_corrupted_metadata_parks_the_entity_with_the_error_in_its_status(
     await until(acknowledged, 10, "the parked entity's pointer to be acknowledged")
     failed = [r async for r in rt.events(url) if isinstance(r.event, EntityFailed)]
     assert len(failed) == 1
+    await assert_lease_kept(rt, p)
+
+
+async def test_a_timer_that_keeps_failing_to_fire_is_moved_aside(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    p = 1
+    timers = rt.store.keys.timers(p)
+    member = f"{url_in(rt, p, 1)}|1-0|t1"
+    await rt.store.redis.zadd(timers, {member: 0})
+    fire = rt.store.fire_timer
+
+    async def failing_fire(partition: int, token: str, timer: str) -> int:
+        if timer == member:
+            raise ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+        return await fire(partition, token, timer)
+
+    rt.store.fire_timer = failing_fire
+    await served(rt, url_in(rt, p), "arm", seen)
+    await until(lambda: _true("fired" in seen), 10, "the good timer to fire")
+    [bad] = await until(rt.store.bad_items, 10, "the failing timer in the dead-letter stream")
+    assert bad["item"] == member and "firing it failed 3 times" in bad["reason"]
+    assert "WRONGTYPE" in bad["reason"]
     await assert_lease_kept(rt, p)
