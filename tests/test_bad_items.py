@@ -8,13 +8,19 @@ same partition, keeping its leases.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
+from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from tests.apps.harness import until
-from wakeful import EntityFailed, HandlerContext, Registry
+from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings
 from wakeful.keys import GROUP
 
 pytestmark = pytest.mark.anyio
@@ -191,3 +197,32 @@ async def test_a_timer_that_keeps_failing_to_fire_is_moved_aside(cluster):
     assert bad["item"] == member and "firing it failed 3 times" in bad["reason"]
     assert "WRONGTYPE" in bad["reason"]
     await assert_lease_kept(rt, p)
+
+
+async def test_wakeful_bad_lists_what_was_moved_aside(server_url, prefix):
+    settings = Settings(redis_url=server_url, prefix=prefix, partitions=4, block_ms=100)
+    rt = Runtime(app([]), settings=settings, run_worker=True)
+    await rt.start()
+    try:
+        inbox = rt.store.keys.inbox(0)
+        bad_id = (await rt.store.redis.xadd(inbox, {"x": "1"})).decode()
+        await until(rt.bad_items, 10, "the bad pointer in the dead-letter stream")
+        command = [sys.executable, "-m", "wakeful.cli", "bad", "--redis", server_url]
+        env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+        listed = await asyncio.to_thread(
+            subprocess.run, [*command, "--json"], env=env, capture_output=True, text=True
+        )
+        assert listed.returncode == 0, listed.stderr
+        [item] = json.loads(listed.stdout)
+        assert item["item"] == bad_id and "no 'u' field" in item["reason"]
+        plain = await asyncio.to_thread(
+            subprocess.run, command, env=env, capture_output=True, text=True
+        )
+        assert plain.returncode == 0
+        assert f"{inbox}\tpointer\t{bad_id}\tit has no 'u' field" in plain.stdout
+    finally:
+        await rt.close()
+        redis = Redis.from_url(server_url)
+        if keys := [k async for k in redis.scan_iter(match=f"{prefix}:*")]:
+            await redis.delete(*keys)
+        await redis.aclose()
