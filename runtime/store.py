@@ -580,4 +580,8 @@ class CancelRequests:
         message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
         if message is None or message.get("type") != "pmessage":
             return None
-        return as_str(message["channel"])[len(self._prefix) :], as_str(message["data"])
+        # Anyone may publish here: text that is not UTF-8 must not end the listener.
+        channel, data = message["channel"], message["data"]
+        url = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
+        reason = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        return url[len(self._prefix) :], reason

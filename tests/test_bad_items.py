@@ -226,3 +226,16 @@ async def test_wakeful_bad_lists_what_was_moved_aside(server_url, prefix):
         if keys := [k async for k in redis.scan_iter(match=f"{prefix}:*")]:
             await redis.delete(*keys)
         await redis.aclose()
+
+
+async def test_a_cancel_request_that_is_not_utf8_does_not_stop_the_cancel_relay(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    channel = rt.store.keys.cancel_channel(url_in(rt, 1))
+
+    async def delivered() -> bool:  # once the worker's subscription is listening
+        return bool(await rt.store.redis.publish(channel, b"\xff\xfe"))
+
+    await until(delivered, 10, "the worker's cancel listener to get the request")
+    await served(rt, url_in(rt, 1), "still served", seen)
+    assert not rt._worker_task.done()
