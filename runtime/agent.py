@@ -228,6 +228,7 @@ class Agent(ToolCalls):
         def on_text(delta: str) -> None:
             live.text(delta, run_id=run_id, step=step)
 
+        self._check_lease()  # a zombie must not pay for a step the next owner makes
         try:
             return await self._race(self.model.complete(request, on_text=on_text))
         except ModelError as exc:
@@ -284,7 +285,7 @@ class Agent(ToolCalls):
         return await self._finish(run_id, "cancelled", error=signal.reason or "cancelled")
 
     def _check_signal(self) -> None:
-        if self.wake.signal.cancelled:
+        if self.wake.signal.cancelled or self.wake.signal.lease_lapsed():
             raise StopRun
 
 

@@ -26,7 +26,7 @@ import msgspec
 from .activation import Activation
 from .agent_tools import AgentTool, Content, ToolResult, content_blocks
 from .cancellation import CancelSignal
-from .errors import ToolBugError
+from .errors import ToolBugError, WakeInterrupted
 from .events import (
     ActionRequested,
     ActionSettled,
@@ -99,6 +99,15 @@ class ToolCalls:
                 identity = identity or event.identity
                 client_data = client_data if client_data is not None else event.client_data
         return identity, client_data
+
+    def _check_lease(self) -> None:
+        """Right before a model request or a tool's execute: stop if the wake's lease
+        lapsed (by its local deadline, so also right after the process was paused),
+        before anything is paid for or done. Nothing is committed; the next owner
+        resumes the run from its journal."""
+        signal = self.wake.signal
+        if signal.lease_lapsed():
+            raise WakeInterrupted(signal.reason or "the lease lapsed")
 
     async def _race(self, work: Awaitable[Any]) -> Any:
         """Await ``work`` unless the signal fires first (then cancel it and stop)."""
@@ -275,6 +284,7 @@ class ToolCalls:
         scope = CURRENT_TOOL_CALL.set(call_id)
         try:
             async with self._tool_slots:
+                self._check_lease()
                 try:
                     result = await tool.execute(call_id, params, self.wake.signal, on_update)
                 except ToolBugError as bug:

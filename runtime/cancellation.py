@@ -8,6 +8,7 @@ argument of ``execute``) and the worker, which sets it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Literal
 
 StopKind = Literal["cancel", "lease", "shutdown"]
@@ -20,12 +21,17 @@ class CancelSignal:
     cancelled), ``"lease"`` (the worker lost the partition) or ``"shutdown"``
     (the worker is stopping). For the last two the wake's work is not lost: it
     resumes on the next owner.
+
+    ``lease_valid`` (set by the worker) tells whether the wake's lease is still held,
+    by its local deadline: :meth:`lease_lapsed` asks it right before a paid or
+    effectful call, since after a pause (a frozen VM, SIGSTOP) no timer has fired yet.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lease_valid: Callable[[], bool] | None = None) -> None:
         self._event = asyncio.Event()
         self.reason: str | None = None
         self.kind: StopKind | None = None
+        self._lease_valid = lease_valid
 
     @property
     def cancelled(self) -> bool:
@@ -36,6 +42,14 @@ class CancelSignal:
             self.reason = reason
             self.kind = kind
             self._event.set()
+
+    def lease_lapsed(self) -> bool:
+        """Whether the lease the wake runs under lapsed (judged now, by its deadline);
+        if so the signal is set too (kind ``"lease"``)."""
+        if self._lease_valid is None or self._lease_valid():
+            return False
+        self.cancel("the lease of the partition lapsed", kind="lease")
+        return True
 
     async def wait(self) -> str | None:
         await self._event.wait()

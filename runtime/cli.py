@@ -11,6 +11,7 @@
     wakeful pending URL                  tool calls waiting for a client or an approval
     wakeful approve URL CALL             approve a pending call (deny: refuse it)
     wakeful resume URL [--skip-failed]   un-park a failed entity
+    wakeful bad                          pointers and timers the workers moved aside
     wakeful manifest APP                 the registry's manifest as JSON
 
 The connection comes from ``--redis`` or ``WAKEFUL_REDIS_URL``; every other
@@ -229,6 +230,26 @@ async def _inspect(args: argparse.Namespace) -> int:
     return OK
 
 
+async def _bad(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        items = await rt.bad_items()
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json(items)
+    elif not items:
+        out.print("no wake pointers or timers were moved aside")
+    elif not out.is_terminal:
+        for i in items:
+            print("\t".join(i.get(k, "") for k in ("key", "kind", "item", "reason", "detail")))
+    else:
+        columns = ("key", "kind", "item", "reason", "detail", "worker")
+        rows = [{k: i.get(k, "") for k in columns} for i in items]
+        out.print(terminal.rows_table(f"Moved aside ({len(items)})", rows))
+    return OK
+
+
 async def _ls(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
@@ -415,6 +436,7 @@ COMMANDS = {
     "approve": _approve,
     "deny": _deny,
     "resume": _resume,
+    "bad": _bad,
     "manifest": _manifest,
 }
 

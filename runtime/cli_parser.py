@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
         identity(p)
         follow_reply(p)
+    command("bad", "wake pointers and timers the workers could not use and moved aside")
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")
     p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")

@@ -451,6 +451,13 @@ class Runtime(PendingActions):
         published = await self._store.published_type_names()
         return sorted({*self.registry.names(), *published})
 
+    async def bad_items(self, count: int = 100) -> list[dict[str, str]]:
+        """Wake pointers and timers the workers could not use and moved to their
+        partition's dead-letter stream (newest first, up to ``count`` per partition):
+        ``partition``, ``id``, ``kind`` (pointer | timer), ``key``, ``item``, ``reason``,
+        ``detail`` (a pointer's fields, a timer's data) and ``worker``."""
+        return await self._store.bad_items(count)
+
     async def lease_owner(self, url: str) -> str | None:
         """``<worker>:<epoch>`` holding the lease of the partition ``url`` lives in."""
         parse_url(url)

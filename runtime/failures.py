@@ -130,3 +130,18 @@ class Parking:
         self._done(ticket)
         offset = 1 if failure else 0
         await self.delivery.after_commit(ticket, batch, ids[offset:])
+
+    async def crashed(self, ticket: WakeTicket, exc: Exception) -> None:
+        """The runtime itself failed on this entity (a bug, or metadata it cannot read):
+        park it with the error in its status, rather than leave it stuck or retry it in
+        a loop. An entity parked already is only acknowledged (not parked again)."""
+        self.cache.forget(ticket.url)
+        meta = await self.store.entity_meta(ticket.url)
+        if meta is None or meta.parked:
+            await commit(self.store, ticket, ack=True)
+            self._done(ticket)
+            return
+        error = f"the runtime failed on this entity: {type(exc).__name__}: {exc}"
+        if problems := meta.problems():
+            error += f" (corrupted metadata: {'; '.join(problems)})"
+        await self.park(ticket.of_incarnation(meta.incarnation), error, [], meta.attempts)

@@ -23,6 +23,8 @@ key                                         what
 ``<prefix>:{pN}:type:<type>``               urls of one type in the partition (set)
 ``<prefix>:{pN}:timers`` / ``:timerdata``   durable timers: member -> due time (sorted
                                             set) and member -> outbox event (hash)
+``<prefix>:{pN}:bad``                       wake pointers and timers the worker could
+                                            not use, moved here with why (stream)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
 ``<prefix>:config``                         keyspace settings (partition count)
 ``<prefix>:types``                          manifests published by workers (hash)
@@ -94,6 +96,9 @@ class Keyspace:
 
     def timerdata(self, partition: int) -> str:
         return f"{self.tag(partition)}:timerdata"
+
+    def bad(self, partition: int) -> str:
+        return f"{self.tag(partition)}:bad"
 
     def idle_channel(self, url: str) -> str:
         return f"{self.prefix}:idle:{url}"

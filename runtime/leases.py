@@ -28,7 +28,7 @@ from typing import Protocol
 import anyio
 
 from .config import Settings
-from .store import TRANSIENT_ERRORS, Pointer, Store
+from .store import TRANSIENT_ERRORS, BadItem, Pointer, Store
 
 log = logging.getLogger("wakeful.leases")
 
@@ -153,10 +153,9 @@ class LeaseKeeper:
             self.held[partition] = Lease(token, started + ttl_ms / 1000)
             self.user.adopt(partition)
             await self.store.ensure_group(partition)
-            for pointer in await self.store.claim_pending(partition, self.worker_id, 0):
-                self.user.schedule(pointer)
             log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
             acquired = True
+            await self._take_pending(partition, 0)
         return acquired
 
     async def _hand_over(self, desired: set[int]) -> bool:
@@ -180,10 +179,46 @@ class LeaseKeeper:
             return
         self._last_sweep = now
         for partition, lease in list(self.held.items()):
-            if lease.draining:
-                continue
-            for pointer in await self.store.claim_pending(partition, self.worker_id, ttl_ms):
+            if not lease.draining:
+                await self._take_pending(partition, ttl_ms)
+
+    async def _take_pending(self, partition: int, min_idle_ms: int) -> None:
+        """Schedule the partition's pending pointers idle for ``min_idle_ms``; move a bad
+        one aside. A partition whose claim fails is logged and swept again later, so
+        the other partitions' leases are still renewed and acquired."""
+        try:
+            pointers = await self.store.claim_pending(partition, self.worker_id, min_idle_ms)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:
+            log.exception(
+                "worker %s: sweeping the inbox of partition %d failed", self.worker_id, partition
+            )
+            return
+        for pointer in pointers:
+            if isinstance(pointer, BadItem):
+                await self.quarantine(pointer)
+            else:
                 self.user.schedule(pointer)
+
+    async def quarantine(self, bad: BadItem) -> None:
+        """Log ``bad`` and move it to its partition's dead-letter stream (while we hold
+        the lease); a failure is logged, and the item is met again at a later sweep."""
+        log.error(
+            "worker %s: %s; moved to %s",
+            self.worker_id,
+            bad.describe(),
+            self.store.keys.bad(bad.partition),
+        )
+        token = self.token(bad.partition)
+        if token is None:
+            return
+        try:
+            await self.store.quarantine(bad, token, self.worker_id)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:
+            log.exception("worker %s: moving %s aside failed", self.worker_id, bad.describe())
 
     # -- losing and releasing -------------------------------------------------
 

@@ -8,7 +8,10 @@
   the wake they concern, if it runs here.
 
 Each is a loop of the worker's task group: Redis being unreachable is retried
-here, anything else ends the loop with an error, which stops the worker.
+here. A bad item (a wake pointer without its url, a malformed timer member, a
+timer that fails to fire) is logged and moved to the partition's dead-letter
+stream, and the loop goes on; anything else ends the loop with an error, which
+stops the worker.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import anyio
 from .config import Settings
 from .leases import LeaseKeeper
 from .runners import Runners
-from .store import TRANSIENT_ERRORS, Store
+from .store import TRANSIENT_ERRORS, BadItem, Store
 
 log = logging.getLogger("wakeful.listeners")
+FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
 
 
 class Listeners:
@@ -43,6 +47,7 @@ class Listeners:
         self.leases = leases
         self.runners = runners
         self._fault = fault
+        self._fire_failures: dict[str, int] = {}  # timer member -> failed fires in a row
 
     async def read_inboxes(self) -> None:
         s = self.settings
@@ -68,8 +73,18 @@ class Listeners:
                 await anyio.sleep(0.2)
                 continue
             for pointer in pointers:
-                if self.leases.token(pointer.partition) is not None:
+                if isinstance(pointer, BadItem):
+                    await self._quarantine(pointer)
+                elif self.leases.token(pointer.partition) is not None:
                     self.runners.schedule(pointer)
+
+    async def _quarantine(self, bad: BadItem) -> None:
+        try:
+            await self.leases.quarantine(bad)
+        except TRANSIENT_ERRORS as exc:  # it stays pending: a later sweep meets it again
+            log.warning(
+                "worker %s: moving %s aside failed: %s", self.worker_id, bad.describe(), exc
+            )
 
     async def fire_timers(self) -> None:
         """Fire due timers of the owned partitions; sleeps until the next one (max 250 ms)."""
@@ -85,16 +100,39 @@ class Listeners:
 
     async def _fire_due(self, partitions: list[int], delay: float) -> float:
         now = int(time.time() * 1000)
-        for partition, member in await self.store.due_timers(partitions, now):
+        for timer in await self.store.due_timers(partitions, now):
+            if isinstance(timer, BadItem):
+                await self._quarantine(timer)
+                continue
+            partition, member = timer
             token = self.leases.token(partition)
             if token is not None:
                 self._fault("timer:before-fire")
-                await self.store.fire_timer(partition, token, member)
+                try:
+                    await self.store.fire_timer(partition, token, member)
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception as exc:  # this timer cannot fire now: go on with the others
+                    await self._fire_failed(partition, member, exc)
+                    continue
+                self._fire_failures.pop(member, None)
                 self._fault("timer:after-fire")
         upcoming = await self.store.next_timer_ms(partitions)
         if upcoming is not None:
             delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
         return delay
+
+    async def _fire_failed(self, partition: int, member: str, exc: Exception) -> None:
+        """A timer whose FIRE script fails: retried at the next passes, and moved to the
+        dead-letter stream after :data:`FIRE_ATTEMPTS` failures in a row."""
+        failures = self._fire_failures[member] = self._fire_failures.get(member, 0) + 1
+        reason = f"firing it failed {failures} times: {type(exc).__name__}: {exc}"
+        if failures < FIRE_ATTEMPTS:
+            log.warning("worker %s: timer %r: %s", self.worker_id, member, reason)
+            return
+        self._fire_failures.pop(member, None)
+        key = self.store.keys.timers(partition)
+        await self._quarantine(BadItem(partition, "timer", key, member.encode(), reason))
 
     async def relay_cancels(self) -> None:
         """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.

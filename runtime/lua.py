@@ -261,6 +261,36 @@ end
 return 1
 """
 
+# A wake pointer or a timer member the worker cannot use (a missing field, a
+# malformed member) moves out of the inbox or the timer set into the partition's
+# dead-letter stream, with why, so no loop trips over it again and an operator sees
+# it. -> 1 moved | 0 gone already | -1 fenced
+QUARANTINE = """
+local lease = KEYS[1]       -- the partition lease
+local bad = KEYS[2]         -- the partition's dead-letter stream
+local source = KEYS[3]      -- the inbox (a pointer) or the timer set (a timer)
+local timerdata = KEYS[4]   -- the partition's timers: member -> outbox event
+local token = ARGV[1]       -- the lease token this is fenced by
+local kind = ARGV[2]        -- 'pointer' | 'timer'
+local item = ARGV[3]        -- the pointer's stream id | the timer member
+local reason = ARGV[4]      -- why it cannot be used
+local detail = ARGV[5]      -- what it held (a pointer's fields, as text)
+local group = ARGV[6]       -- the inbox's consumer group
+local worker = ARGV[7]
+if redis.call('GET', lease) ~= token then return -1 end
+if kind == 'pointer' then
+  if redis.call('XACK', source, group, item) == 0 then return 0 end
+  redis.call('XDEL', source, item)
+else
+  if redis.call('ZREM', source, item) == 0 then return 0 end
+  detail = redis.call('HGET', timerdata, item) or ''
+  redis.call('HDEL', timerdata, item)
+end
+redis.call('XADD', bad, 'MAXLEN', '~', 10000, '*', 'kind', kind, 'key', source,
+  'item', item, 'reason', reason, 'detail', detail, 'worker', worker)
+return 1
+"""
+
 # -> 1 deleted | 0 gone | -1 fenced
 DELETE = """
 local lease = KEYS[1]       -- the partition lease

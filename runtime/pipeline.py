@@ -107,6 +107,8 @@ class WakePipeline:
             self._done(ticket)
             return
         ticket = ticket.of_incarnation(meta.incarnation)
+        if meta.corrupt:  # a field it cannot read: the runner parks it, naming the field
+            raise ValueError(f"corrupted metadata of {ticket.url}: {meta.corrupt}")
         try:
             entity_type = self.registry.get(meta.type)
         except UnknownEntityTypeError as exc:

@@ -8,6 +8,7 @@ caller picks fields out of a ``dict[str, bytes]`` and decodes them ad hoc.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ import msgspec
 from .streamids import ZERO, id_gt
 
 _ZERO = ZERO.encode()
+_STREAM_ID = re.compile(r"\d+-\d+")
 
 Entry = tuple[str, dict[bytes, bytes]]
 """A stream entry: its id and its fields."""
@@ -63,6 +65,7 @@ class EntityMeta(msgspec.Struct, frozen=True):
     timers: int  # pending timers
     pending_actions: int  # field "actions": tool calls waiting for an answer
     has_pointer: bool  # field "woke": a wake pointer is pending in the inbox
+    corrupt: str = ""  # fields that could not be read (taken as 0 or replaced), if any
 
     @property
     def parked(self) -> bool:
@@ -73,13 +76,38 @@ class EntityMeta(msgspec.Struct, frozen=True):
         """Outbox events are written but not all delivered yet."""
         return id_gt(self.out_last, self.out_done)
 
+    def problems(self) -> list[str]:
+        """What is wrong with the stored fields (empty if nothing). Checked when reading
+        the metadata failed, not on every wake."""
+        out = [self.corrupt] if self.corrupt else []
+        ids = {
+            "cursor": self.cursor,
+            "last_in": self.last_input,
+            "out_last": self.out_last,
+            "out_done": self.out_done,
+            "snap_out": self.snapshot_out,
+            "snap_upto": self.snapshot_upto or ZERO,
+        }
+        for name, value in ids.items():
+            if not _STREAM_ID.fullmatch(value):
+                out.append(f"field {name!r} is {value!r}, not a stream id")
+        return out
+
 
 def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
     """The metadata hash as :class:`EntityMeta`; None if it is empty (no such entity).
 
-    Runs on every wake, so each field is decoded inline (one lookup, one decode)."""
+    Runs on every wake, so each field is decoded inline (one lookup, one decode). A
+    field that cannot be read (not a number, not UTF-8) is named in ``corrupt``."""
     if not fields:
         return None
+    try:
+        return _parse_meta(fields)
+    except ValueError:  # a field is corrupted (UnicodeDecodeError is a ValueError too)
+        return _parse_meta_carefully(fields)
+
+
+def _parse_meta(fields: dict[str, bytes]) -> EntityMeta:
     get = fields.get
     return EntityMeta(
         type=(get("type") or b"").decode(),
@@ -100,4 +128,48 @@ def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
         timers=int(get("timers") or 0),
         pending_actions=int(get("actions") or 0),
         has_pointer=bool(get("woke")),
+    )
+
+
+def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
+    """:func:`parse_meta` for a hash with a corrupted field: what cannot be read is
+    replaced (text) or taken as 0 (numbers), and named in ``corrupt``."""
+    problems: list[str] = []
+
+    def text(name: str, default: bytes = b"") -> str:
+        raw = fields.get(name) or default
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            problems.append(f"field {name!r} is {raw!r}, not UTF-8")
+            return raw.decode(errors="replace")
+
+    def number(name: str) -> int:
+        raw = fields.get(name) or b"0"
+        try:
+            return int(raw)
+        except ValueError:
+            problems.append(f"field {name!r} is {raw!r}, not a number")
+            return 0
+
+    return EntityMeta(
+        type=text("type"),
+        status=text("status"),
+        cursor=text("cursor", _ZERO),
+        incarnation=text("created"),
+        last_input=text("last_in", _ZERO),
+        args=fields.get("args") or b"",
+        parent=text("parent") or None,
+        out_last=text("out_last", _ZERO),
+        out_done=text("out_done", _ZERO),
+        snapshot_upto=text("snap_upto") or None,
+        snapshot_out=text("snap_out", _ZERO),
+        attempts=number("attempts"),
+        error=text("error") or None,
+        partial=text("partial"),
+        awaited_children=number("waiting"),
+        timers=number("timers"),
+        pending_actions=number("actions"),
+        has_pointer=bool(fields.get("woke")),
+        corrupt="; ".join(problems),
     )

@@ -7,8 +7,9 @@ runner is a task of the worker's runner task group (an ``asyncio.TaskGroup``:
 a runner starts per busy entity, and anyio's ``start_soon`` costs five times
 ``create_task``), so none outlives the worker. A runner's own failures are
 handled per entity: a retry waits and goes again, a fenced or interrupted wake
-gives its pointers up, and a bug in the runtime is logged and leaves the
-pointers pending for a later sweep.
+gives its pointers up, and a bug in the runtime (or metadata it cannot read) is
+logged and parks the entity with the error in its status; if even that fails,
+the pointers stay pending for a later sweep.
 """
 
 from __future__ import annotations
@@ -56,12 +57,14 @@ class Runners:
         stats: dict[str, int],
         token: Callable[[int], str | None],
         activate: Callable[[WakeTicket], Awaitable[None]],
+        crashed: Callable[[WakeTicket, Exception], Awaitable[None]],
     ) -> None:
         self.worker_id = worker_id
         self.cache = cache
         self.stats = stats
         self._token = token
         self._activate = activate
+        self._crashed = crashed
         self._runners: dict[str, Runner] = {}
         self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
         self._slots = asyncio.Semaphore(settings.max_concurrency)
@@ -174,15 +177,10 @@ class Runners:
             while runner.pointer_ids and self._token(runner.partition) is not None:
                 pointer_ids, runner.pointer_ids = runner.pointer_ids, []
                 await self._attempt(runner, pointer_ids)
-        except (
-            Exception
-        ):  # a bug in the runtime itself: keep the worker alive, leave pointers pending
-            log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
-            self.cache.forget(runner.url)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             if not self.killed:  # after kill() the task just ends, whatever stopped it
                 raise
-        except BaseException:  # any other escape is a runtime bug too: this entity only
+        except BaseException:  # a bug in the runtime itself: this entity only, pointers pending
             log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
             self.cache.forget(runner.url)
         finally:
@@ -199,6 +197,7 @@ class Runners:
                 token = self._token(runner.partition)
                 if token is None:
                     return
+                runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
                 ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
                 await self._activate(ticket)
         except RetryLater as retry:
@@ -217,6 +216,25 @@ class Runners:
             self.cache.forget(url)
             runner.pointer_ids[:0] = pointer_ids
             await self._sleep_or_lose(runner, 0.5)
+        except Exception as exc:  # a bug in the runtime, or metadata it cannot read
+            log.exception("worker %s: the wake of %s failed in the runtime", self.worker_id, url)
+            await self._park_crashed(runner, pointer_ids, exc)
+
+    async def _park_crashed(self, runner: Runner, pointer_ids: list[str], exc: Exception) -> None:
+        """Park the entity with the error; if that fails too, leave its pointers pending
+        (untracked), so the sweep retries it a lease period later."""
+        self.cache.forget(runner.url)
+        token = self._token(runner.partition)
+        try:
+            if token is not None:
+                ticket = WakeTicket(
+                    runner.url, runner.partition, token, pointer_ids, runner.cancels
+                )
+                await self._crashed(ticket, exc)
+                return
+        except Exception:
+            log.exception("worker %s: parking %s failed", self.worker_id, runner.url)
+        self.untrack(runner.partition, pointer_ids)
 
     async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:
         with anyio.move_on_after(delay):

@@ -38,6 +38,7 @@ DELETE = Script(lua.DELETE)
 CANCEL_TIMER = Script(lua.CANCEL_TIMER)
 SETTLE = Script(lua.SETTLE)
 RESUME = Script(lua.RESUME)
+QUARANTINE = Script(lua.QUARANTINE)
 ALL_SCRIPTS = (
     SEND,
     LOAD,
@@ -47,6 +48,7 @@ ALL_SCRIPTS = (
     CANCEL_TIMER,
     SETTLE,
     RESUME,
+    QUARANTINE,
     ACQUIRE,
     RENEW,
     RELEASE,

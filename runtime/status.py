@@ -40,16 +40,30 @@ class EntityStatus:
 
 
 def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
-    """Where the entity with metadata ``meta`` stands."""
-    awaited, timers, undelivered = meta.awaited_children, meta.timers, meta.undelivered
-    if meta.parked:
-        status = "failed"
-    elif id_gt(meta.last_input, meta.cursor):
-        status = "pending"
-    elif undelivered or awaited or timers:
-        status = "waiting"
-    else:
-        status = "idle"
+    """Where the entity with metadata ``meta`` stands.
+
+    Metadata the runtime cannot read (a corrupted field) is reported, not raised: the
+    status is ``failed`` and ``error`` names the fields (the worker parks such an
+    entity at its next wake)."""
+    awaited, timers, error = meta.awaited_children, meta.timers, meta.error
+    try:
+        if meta.corrupt:
+            raise ValueError(meta.corrupt)
+        undelivered = meta.undelivered
+        if meta.parked:
+            status = "failed"
+        elif id_gt(meta.last_input, meta.cursor):
+            status = "pending"
+        elif undelivered or awaited or timers:
+            status = "waiting"
+        else:
+            status = "idle"
+        args = unpack(meta.args) if meta.args else None
+    except ValueError as exc:  # msgspec's DecodeError is a ValueError too
+        status, undelivered, args = "failed", False, None
+        problems = meta.problems() or [f"its args cannot be decoded: {exc}"]
+        if not (meta.parked and error and "corrupted metadata" in error):
+            error = f"corrupted metadata: {'; '.join(problems)}" + (f" ({error})" if error else "")
     return EntityStatus(
         url=url,
         type=meta.type,
@@ -57,9 +71,9 @@ def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
         cursor=meta.cursor,
         last_input=meta.last_input,
         attempts=meta.attempts,
-        error=meta.error,
+        error=error,
         parent=meta.parent,
-        args=unpack(meta.args) if meta.args else None,
+        args=args,
         created_id=meta.incarnation,
         awaited_children=awaited,
         timers=timers,

@@ -23,7 +23,7 @@ from redis.typing import KeyT, StreamIdT
 from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
 from .keys import GROUP, Keyspace
-from .replies import EntityMeta, Entry, as_str
+from .replies import EntityMeta, Entry, as_str, stream_entries
 from .script_runner import (
     ACQUIRE,
     ALL_SCRIPTS,
@@ -33,6 +33,7 @@ from .script_runner import (
     FIRE,
     HEARTBEAT,
     LOAD,
+    QUARANTINE,
     RELEASE,
     RENEW,
     RESUME,
@@ -50,12 +51,14 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "FIRE",
     "HEARTBEAT",
     "LOAD",
+    "QUARANTINE",
     "RELEASE",
     "RENEW",
     "RESUME",
     "SEND",
     "SETTLE",
     "TRANSIENT_ERRORS",
+    "BadItem",
     "EntityGoneError",
     "EntityMeta",
     "Entry",
@@ -94,6 +97,66 @@ class Pointer:
     partition: int
     entry_id: str
     url: str
+
+
+@dataclass(frozen=True, slots=True)
+class BadItem:
+    """A wake pointer or a timer member the worker cannot use, and why.
+
+    The loops that meet one log it and move it to the partition's dead-letter
+    stream (:meth:`Store.quarantine`, listed by :meth:`Store.bad_items`)."""
+
+    partition: int
+    kind: str  # "pointer" | "timer"
+    key: str  # the inbox or the timer set it is in
+    item: bytes  # the pointer's stream id, or the timer member
+    reason: str
+    detail: str = ""  # what a pointer held
+
+    def describe(self) -> str:
+        return f"bad {self.kind} {self.item!r} in {self.key}: {self.reason}"
+
+
+def _pointer(
+    keys: Keyspace, partition: int, entry_id: Any, fields: dict[bytes, bytes]
+) -> Pointer | BadItem:
+    """A pointer read from ``partition``'s inbox, or why it cannot be one."""
+    url = fields.get(b"u")
+    reason = ""
+    if url is None:
+        reason = "it has no 'u' field (the entity url)"
+    else:
+        try:
+            text = url.decode()
+        except UnicodeDecodeError:
+            reason = f"its 'u' field {url!r} is not UTF-8"
+        else:
+            if keys.partition(text) != partition:
+                reason = f"its url {text!r} belongs to partition {keys.partition(text)}"
+            else:
+                return Pointer(partition, as_str(entry_id), text)
+    detail = " ".join(f"{as_str(f)!r}={v!r}" for f, v in fields.items())
+    item = entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()
+    return BadItem(partition, "pointer", keys.inbox(partition), item, reason, detail)
+
+
+def _timer(keys: Keyspace, partition: int, member: bytes) -> tuple[int, str] | BadItem:
+    """A due timer member of ``partition`` (``<url>|<incarnation>|<id>``), or why not."""
+    reason = ""
+    try:
+        text = member.decode()
+    except UnicodeDecodeError:
+        reason = "it is not UTF-8"
+    else:
+        url, _, rest = text.partition("|")
+        created, _, timer_id = rest.partition("|")
+        if not (url and created and timer_id):
+            reason = "it is not '<url>|<incarnation>|<id>'"
+        elif keys.partition(url) != partition:
+            reason = f"its url {url!r} belongs to partition {keys.partition(url)}"
+        else:
+            return (partition, text)
+    return BadItem(partition, "timer", keys.timers(partition), member, reason)
 
 
 class Store(EntityReads):
@@ -282,13 +345,16 @@ class Store(EntityReads):
 
     async def due_timers(
         self, partitions: list[int], now_ms: int, limit: int = 100
-    ) -> list[tuple[int, str]]:
+    ) -> list[tuple[int, str] | BadItem]:
+        """Due timers as ``(partition, member)``; a malformed member as a :class:`BadItem`."""
         pipe = self.redis.pipeline(transaction=False)
         for p in partitions:
             pipe.zrangebyscore(self.keys.timers(p), "-inf", now_ms, start=0, num=limit)
         replies = await pipe.execute()
         return [
-            (p, as_str(m)) for p, members in zip(partitions, replies, strict=True) for m in members
+            _timer(self.keys, p, m)
+            for p, members in zip(partitions, replies, strict=True)
+            for m in members
         ]
 
     async def next_timer_ms(self, partitions: list[int]) -> int | None:
@@ -399,7 +465,7 @@ class Store(EntityReads):
 
     async def read_inbox(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
-    ) -> list[Pointer]:
+    ) -> list[Pointer | BadItem]:
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
@@ -407,7 +473,7 @@ class Store(EntityReads):
         )
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
-            Pointer(by_key[as_str(stream)], as_str(entry_id), as_str(fields[b"u"]))
+            _pointer(self.keys, by_key[as_str(stream)], entry_id, fields)
             for stream, entries in (reply or [])
             for entry_id, fields in entries
             if fields
@@ -415,10 +481,10 @@ class Store(EntityReads):
 
     async def claim_pending(
         self, partition: int, consumer: str, min_idle_ms: int, count: int = 1000
-    ) -> list[Pointer]:
+    ) -> list[Pointer | BadItem]:
         """Take over pointers read but never acked by anyone (a crashed or fenced owner)."""
         key = self.keys.inbox(partition)
-        out: list[Pointer] = []
+        out: list[Pointer | BadItem] = []
         start = "0-0"
         while True:
             reply = await self.redis.xautoclaim(
@@ -426,9 +492,7 @@ class Store(EntityReads):
             )
             next_start, entries = as_str(reply[0]), reply[1]
             out.extend(
-                Pointer(partition, as_str(eid), as_str(fields[b"u"]))
-                for eid, fields in entries
-                if fields
+                _pointer(self.keys, partition, eid, fields) for eid, fields in entries if fields
             )
             if next_start == "0-0":
                 return out
@@ -448,7 +512,7 @@ class Store(EntityReads):
 
     async def read_wake_pointers(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
-    ) -> list[Pointer]:
+    ) -> list[Pointer | BadItem]:
         """:meth:`read_inbox`; if Redis lost a consumer group (a restart without
         persistence), recreate the groups and return no pointers (the caller reads again)."""
         try:
@@ -459,6 +523,33 @@ class Store(EntityReads):
         for p in partitions:
             await self.ensure_group(p)
         return []
+
+    async def quarantine(self, bad: BadItem, token: str, worker_id: str) -> int:
+        """Fenced: move ``bad`` out of its inbox or timer set into the partition's
+        dead-letter stream. 1 moved, 0 gone already, -1 fenced."""
+        k = self.keys
+        p = bad.partition
+        source = k.inbox(p) if bad.kind == "pointer" else k.timers(p)
+        return int(
+            await self._run(
+                QUARANTINE,
+                [k.lease(p), k.bad(p), source, k.timerdata(p)],
+                [token, bad.kind, bad.item, bad.reason, bad.detail, GROUP, worker_id],
+            )
+        )
+
+    async def bad_items(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest entries of every partition's dead-letter stream (see
+        :meth:`quarantine`): partition, id, kind, key, item, reason, detail, worker."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.xrevrange(self.keys.bad(p), count=count)
+        out = []
+        for p, raw in enumerate(await pipe.execute()):
+            for entry_id, fields in stream_entries(raw):
+                row = {as_str(f): v.decode(errors="replace") for f, v in fields.items()}
+                out.append({"partition": str(p), "id": entry_id, **row})
+        return out
 
     def cancel_requests(self) -> CancelRequests:
         """A subscription to every entity's cancel channel (``rt.cancel`` publishes there);
@@ -492,4 +583,8 @@ class CancelRequests:
         message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
         if message is None or message.get("type") != "pmessage":
             return None
-        return as_str(message["channel"])[len(self._prefix) :], as_str(message["data"])
+        # Anyone may publish here: text that is not UTF-8 must not end the listener.
+        channel, data = message["channel"], message["data"]
+        url = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
+        reason = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        return url[len(self._prefix) :], reason

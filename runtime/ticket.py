@@ -10,6 +10,7 @@ one fenced COMMIT script call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +27,14 @@ class CancelSlot:
 
     The pipeline arms a fresh signal right before the handler runs, so a request
     that came earlier (during the load, or for the previous wake) does not stop
-    it; a client's cancel that raced with the load is an input of this wake."""
+    it; a client's cancel that raced with the load is an input of this wake.
+    ``lease_valid`` (set by the runner) is the armed signal's lease check."""
 
     signal: CancelSignal = field(default_factory=CancelSignal)
+    lease_valid: Callable[[], bool] | None = None
 
     def arm(self) -> CancelSignal:
-        self.signal = CancelSignal()
+        self.signal = CancelSignal(self.lease_valid)
         return self.signal
 
 

@@ -72,7 +72,9 @@ class Worker:
         self.services = HandlerServices(registry, store, capabilities or [], self._token)
         self.delivery = Delivery(store, self._fault, self.stats)
         self.cache = WarmCache(settings.cache_size, self._evicted)
-        self.runners = Runners(settings, self.id, self.cache, self.stats, self._token, self._wake)
+        self.runners = Runners(
+            settings, self.id, self.cache, self.stats, self._token, self._wake, self._crashed
+        )
         self.pipeline = WakePipeline(
             registry=registry,
             store=store,
@@ -177,6 +179,9 @@ class Worker:
 
     async def _wake(self, ticket: WakeTicket) -> None:
         await self.pipeline.activate(ticket)
+
+    async def _crashed(self, ticket: WakeTicket, exc: Exception) -> None:
+        await self.pipeline.parking.crashed(ticket, exc)
 
     def _evicted(self, url: str) -> None:
         """An entity left the warm cache: free its capabilities unless it runs."""

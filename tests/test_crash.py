@@ -341,6 +341,41 @@ async def test_paused_worker_process_wakes_up_as_a_zombie_and_writes_nothing(
     assert a.alive(), "the zombie should recover, not crash"
 
 
+async def test_a_worker_resumed_after_a_pause_asks_the_model_nothing(
+    workers, rt, side, prefix, tmp_path
+):
+    """A pause between a commit and the next model request: once resumed, the zombie
+    sees its lease's deadline passed and stops before paying for the step."""
+    stop_file = tmp_path / "stopped"
+    a = workers.start(CRASHY_STOP_ONCE=stop_file)
+    await workers.registered(side, a)
+    await until(lambda: all_owned_by(workers, side, a.id), 10, "worker A to own every partition")
+    url = "/agent/paused"
+    calls_key = f"{prefix}:crashy:model_calls:{url}"
+    await rt.send(url, "note something")
+
+    async def a_paused() -> bool:
+        stat = Path(f"/proc/{a.pid}/stat")
+        return stop_file.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    await until(a_paused, 15, "A to pause itself before its second model request")
+    try:
+        b = workers.start()
+        await workers.registered(side, b)
+        assert (await rt.wait_idle(url, timeout=20)).status == "idle"  # B finished the run
+    finally:
+        a.popen.send_signal(signal.SIGCONT)
+
+    async def a_stopped_its_wake() -> bool:
+        return f"wake of {url} interrupted" in a.log() or f"commit for {url} refused" in a.log()
+
+    await until(a_stopped_its_wake, 15, "the resumed A to give its wake up")
+    calls = [c.decode() for c in await side.lrange(calls_key, 0, -1)]
+    assert calls == [f"{a.pid} 0", f"{b.pid} 1"], calls  # A asked for step 1 only
+    assert f"wake of {url} interrupted" in a.log()
+    assert a.alive()
+
+
 # -- 4. single writer ---------------------------------------------------------------
 
 

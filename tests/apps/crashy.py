@@ -17,6 +17,12 @@ log shows as a ``handler_error``); ``counts`` holds ``total``, incremented once 
 message. Payload fields: ``i`` (any tag), ``sleep`` (seconds, only on the first
 start of that message, so a replay after a crash runs fast), ``fail`` (raise on
 the first ``fail`` starts of that message).
+
+An ``agent`` entity runs a ``ScriptedModel`` (a tool call ``note``, then "done")
+and records every model request in ``model_calls:<url>`` as ``<pid> <step>``. A
+worker started with ``CRASHY_STOP_ONCE=<path>`` stops itself (SIGSTOP) once, right
+before it asks the model for the step after its first tool result, creating
+``<path>`` first: a pause that lands between a commit and a model request.
 """
 
 from __future__ import annotations
@@ -24,13 +30,23 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
 
-from wakeful import Collection, HandlerContext, Message, Registry
+from wakeful import (
+    AgentTool,
+    Collection,
+    HandlerContext,
+    Message,
+    Registry,
+    ScriptedModel,
+    ToolResult,
+)
+from wakeful.models import ModelRequest, ModelResponse
 
 INFLIGHT_PX = 10_000
 
@@ -95,6 +111,38 @@ def build_registry(side_redis: Callable[[], Redis], prefix: str) -> Registry:
         finally:
             if await r.get(marker) == mine.encode():
                 await r.delete(marker)
+
+    noted: list[str] = []  # tool calls this process ran
+
+    async def respond(request: ModelRequest, url: str) -> ModelResponse:
+        steps = sum(1 for m in request.messages if m["role"] == "assistant")
+        await side_redis().rpush(side_key(prefix, "model_calls", url), f"{os.getpid()} {steps}")
+        if steps == 0:
+            call = {"type": "tool_use", "id": "n1", "name": "note", "input": {}}
+            return ModelResponse(content=[call], stop_reason="tool_use")
+        return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+
+    async def note(call_id: str, params: Any, signal_: Any, on_update: Any) -> ToolResult:
+        noted.append(call_id)
+        return ToolResult("noted")
+
+    async def enabled() -> bool:
+        stop_file = os.environ.get("CRASHY_STOP_ONCE")
+        if stop_file and noted:  # after the tool's result: the next model request
+            try:
+                os.close(os.open(stop_file, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return True
+            os.kill(os.getpid(), signal.SIGSTOP)  # no await in between: resumes right here
+        return True
+
+    @reg.entity("agent", description="a scripted agent run with one tool call")
+    async def agent(ctx: HandlerContext) -> None:
+        url = ctx.entity_url
+        model = ScriptedModel(lambda request: respond(request, url))
+        tool = AgentTool("note", "Notes.", {"type": "object"}, note, enabled=enabled)
+        ctx.use_agent("You note.", model=model, tools=[tool])
+        await ctx.agent.run()
 
     return reg
 
