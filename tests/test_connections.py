@@ -75,6 +75,36 @@ def test_a_blocking_read_never_outlasts_its_socket_timeout():
     assert block_ms(no_timeout, 5000) == 5000
 
 
+async def test_the_workers_inbox_reads_stay_within_the_socket_timeout(server_url, prefix):
+    """``block_ms`` above the socket timeout: each XREADGROUP still returns in time (it
+    blocks at most half the socket timeout), so an idle worker's reads never time out."""
+    s = settings(server_url, prefix, socket_timeout_s=1.0, block_ms=30_000)
+    rt = Runtime(quiet.registry, settings=s, run_worker=True)
+    async with rt:
+        assert rt.worker is not None
+        store = rt.worker.store
+        read = store.read_inbox
+        outcomes: list[str] = []
+
+        async def counted(*args, **kwargs):
+            try:
+                pointers = await read(*args, **kwargs)
+            except Exception as exc:
+                outcomes.append(repr(exc))
+                raise
+            outcomes.append("read")
+            return pointers
+
+        store.read_inbox = counted  # type: ignore[method-assign]
+
+        async def idle_reads_returned() -> bool:
+            return outcomes.count("read") >= 2 or any(o != "read" for o in outcomes)
+
+        await until(idle_reads_returned, 30, "two idle inbox reads to return")
+        assert set(outcomes) == {"read"}, outcomes
+        assert await rt.ask("/echo/idle", "still there?") == "echo still there?"
+
+
 # -- item 1: quiet streams -----------------------------------------------------------
 
 
