@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WakefulError as exc:
         err.print(f"[red]error:[/] {terminal.escape(str(exc))}")
         return ERROR
-    except redis.exceptions.ConnectionError as exc:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         url = _settings(args).redis_url
         err.print(f"[red]error:[/] cannot reach Redis at {url}: {terminal.escape(str(exc))}")
         return UNREACHABLE

@@ -92,6 +92,8 @@ class Runtime(PendingActions):
         self.capabilities = list(capabilities or [])
         self.action_authorizer = action_authorizer or default_authorizer
         self._redis = redis
+        self._worker_redis: Redis | None = None  # the worker's own, when we connect
+        self._embedded_server: Any = None
         self.store: Store | None = None
         self.worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
@@ -103,18 +105,19 @@ class Runtime(PendingActions):
     async def start(self) -> Runtime:
         s = self.settings
         if self._redis is None:
-            if s.redis_url is None:
-                from .embedded import embedded_redis
-
-                self._redis = embedded_redis()
-            else:
-                self._redis = connect(s.redis_url)
+            self._redis = self._connect()
+            if self._run_worker:  # its own connections: clients never starve its leases
+                self._worker_redis = self._connect()
         keys = Keyspace(s.prefix, s.partitions)
-        self.store = Store(self._redis, keys, idempotency_ttl_ms=s.idempotency_ttl_s * 1000)
+        ttl_ms = s.idempotency_ttl_s * 1000
+        self.store = Store(self._redis, keys, idempotency_ttl_ms=ttl_ms)
         self._notices = Notices(self._redis)
         await self.store.setup()
         if self._run_worker:
-            self.worker = Worker(self.registry, self.store, s, capabilities=self.capabilities)
+            worker_store = self.store
+            if self._worker_redis is not None:
+                worker_store = Store(self._worker_redis, keys, idempotency_ttl_ms=ttl_ms)
+            self.worker = Worker(self.registry, worker_store, s, capabilities=self.capabilities)
             # The runtime owns the worker task: close() stops it and awaits it (raising
             # its error), and a start that fails or is cancelled cancels it.
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
@@ -131,6 +134,24 @@ class Runtime(PendingActions):
         """Say at once when the embedded worker stops on its own (close() raises it too)."""
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("the embedded worker stopped, no wake runs until a restart: %r", error)
+
+    def _connect(self) -> Redis:
+        """A new client with its own pool: of ``redis_url``, or of the embedded server."""
+        s = self.settings
+        if s.redis_url is None:
+            from .embedded import embedded_redis
+
+            if self._embedded_server is None:
+                import fakeredis
+
+                self._embedded_server = fakeredis.FakeServer()
+            return embedded_redis(self._embedded_server)
+        return connect(
+            s.redis_url,
+            socket_timeout_s=s.socket_timeout_s,
+            max_connections=s.max_connections,
+            pool_timeout_s=s.pool_timeout_s,
+        )
 
     @staticmethod
     async def _wait_worker_ready(worker: Worker, worker_task: asyncio.Task[None]) -> None:
@@ -151,6 +172,8 @@ class Runtime(PendingActions):
         finally:
             if self._notices is not None:
                 await self._notices.aclose()
+            if self._worker_redis is not None:
+                await self._worker_redis.aclose()
             if self._redis is not None:
                 await self._redis.aclose()
 

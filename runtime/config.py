@@ -33,6 +33,14 @@ class Settings:
     idempotency_ttl_s: int = 86_400
     cache_size: int = 10_000
     shutdown_grace_s: float = 30.0
+    # Connections (see connection.py): a command without an answer within
+    # socket_timeout_s fails; a blocking read blocks at most half of it.
+    socket_timeout_s: float = 10.0
+    max_connections: int = 100  # per pool; a caller waits up to pool_timeout_s for one
+    pool_timeout_s: float = 20.0
+    # The gateway's event streams, each holding a connection while it waits.
+    max_event_streams: int = 64
+    max_event_streams_per_identity: int = 16
 
     def __post_init__(self) -> None:
         for name in (
@@ -44,11 +52,24 @@ class Settings:
             "max_attempts",
             "snapshot_every",
             "cache_size",
+            "max_connections",
+            "max_event_streams",
+            "max_event_streams_per_identity",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
+
+        for name in ("socket_timeout_s", "pool_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"setting {name} must be positive, got {getattr(self, name)}")
+        if self.max_event_streams >= self.max_connections:
+            raise ConfigError(
+                f"setting max_event_streams ({self.max_event_streams}) must be below "
+                f"max_connections ({self.max_connections}): each open event stream holds "
+                "a connection while it waits"
+            )
 
     @property
     def heartbeat_ms(self) -> int:

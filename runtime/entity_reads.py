@@ -13,6 +13,7 @@ from typing import Any, cast
 from redis.asyncio.client import Pipeline
 from redis.typing import KeyT, StreamIdT
 
+from .connection import block_ms as block_ms_for
 from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
@@ -82,14 +83,19 @@ class EntityReads(ScriptRunner):
     ) -> StreamBatch | None:
         """New entries of the entity's log after ``log_after`` and, unless ``live_after``
         is None, of its live stream after ``live_after``: one XREAD (both keys are in
-        the entity's partition), blocking up to ``block_ms``. None if there are none."""
+        the entity's partition), blocking up to ``block_ms`` (at most half the socket
+        timeout, see :func:`~wakeful.connection.block_ms`). None if there are none."""
         log_key, live_key = self.keys.log(url), self.keys.live(url)
         positions: dict[KeyT, StreamIdT] = {log_key: log_after}
         if live_after is not None:
             positions[live_key] = live_after
         reply = cast(
             "list[list[Any]] | None",
-            await self.redis.xread(positions, count=count, block=block_ms),
+            await self.redis.xread(
+                positions,
+                count=count,
+                block=None if block_ms is None else block_ms_for(self.redis, block_ms),
+            ),
         )
         if not reply:
             return None

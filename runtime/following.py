@@ -2,12 +2,14 @@
 
 The streaming half of :class:`~wakeful.client.Runtime`: ``Runtime.events`` and
 ``Runtime.stream_until_idle`` return these generators, bound to the runtime's
-store. Reading blocks on one XREAD of both streams (they share a partition).
+store. Reading blocks on one XREAD of both streams (they share a partition); a
+follower whose connection is lost or times out reads again from its position.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -15,9 +17,12 @@ from .entity_reads import EntityReads
 from .errors import EventDecodeError
 from .events import LogRecord, UndecodableRecord, decode_entry
 from .live import LiveRecord, decode_live
+from .store import TRANSIENT_ERRORS
 from .streamids import ZERO, id_gt
 
 READ_COUNT = 1000  # entries per stream and read when following an entity
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff of a follower whose connection was lost
+log = logging.getLogger("wakeful.following")
 _LOG, _LIVE = "log", "live"  # the two streams of an entity
 
 Record = LogRecord | UndecodableRecord | LiveRecord
@@ -37,10 +42,21 @@ async def follow_entity(
     log_at = after or ZERO
     live_at = (live_after or await store.newest_live_id(url)) if live else None
     follow = follow or live
+    retry_s = RETRY_FIRST_S
     while True:
-        batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
-        if batch is None and follow:
-            batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
+        try:
+            batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
+            if batch is None and follow:
+                batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
+        except TRANSIENT_ERRORS as exc:
+            if not follow:
+                raise
+            # A lost or timed-out connection: read again from where we are, for ever.
+            log.warning("following %s: %s; resuming after %s", url, exc or type(exc), log_at)
+            await asyncio.sleep(retry_s)
+            retry_s = min(retry_s * 2, RETRY_MAX_S)
+            continue
+        retry_s = RETRY_FIRST_S
         if batch is None:
             if not follow:
                 return

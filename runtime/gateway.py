@@ -27,8 +27,8 @@ authoriser decides who may read or write which entity.
 Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
 404 unknown type or entity, 409 conflict (other args, action not pending),
 413 body or payload too large, 415 a body that is not sent as
-application/json, 422 a value fails its schema. A request that fails writes
-nothing.
+application/json, 422 a value fails its schema, 503 too many open event streams
+(with ``Retry-After``). A request that fails writes nothing.
 """
 
 from __future__ import annotations
@@ -126,14 +126,76 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
 
 
+RETRY_AFTER_S = 5  # what a refused event stream is told to wait
+
+
+class StreamSlots:
+    """Open event streams, counted in total and per caller: each holds a Redis
+    connection while it waits, so they are capped below the client's pool."""
+
+    def __init__(self, total: int, per_caller: int) -> None:
+        self.total = total
+        self.per_caller = per_caller
+        self.open: dict[str, int] = {}
+
+    def take(self, caller: str) -> None:
+        """Count a new stream of ``caller``, or refuse it with a 503."""
+        if sum(self.open.values()) >= self.total:
+            raise HTTPError(
+                503, "TooManyStreams", f"the gateway serves {self.total} event streams already"
+            )
+        if self.open.get(caller, 0) >= self.per_caller:
+            raise HTTPError(
+                503, "TooManyStreams", f"this caller has {self.per_caller} event streams open"
+            )
+        self.open[caller] = self.open.get(caller, 0) + 1
+
+    def give_back(self, caller: str) -> None:
+        left = self.open.get(caller, 0) - 1
+        if left > 0:
+            self.open[caller] = left
+        else:
+            self.open.pop(caller, None)
+
+
+class _CountedStream(StreamingResponse):
+    """An event stream that gives its slot back when the response ends, however it ends."""
+
+    def __init__(self, stream: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(stream, media_type="text/event-stream")
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 def create_app(
     runtime: Runtime,
     *,
     authenticate: Authenticate | None = None,
     authorize: Authorize = allow_all,
     max_body_bytes: int = 1024 * 1024,
+    max_streams: int | None = None,
+    max_streams_per_identity: int | None = None,
 ) -> Starlette:
-    """An ASGI app serving ``runtime``. Without ``authenticate`` every caller is anonymous."""
+    """An ASGI app serving ``runtime``. Without ``authenticate`` every caller is anonymous.
+
+    Open event streams are capped at ``max_streams`` in total and
+    ``max_streams_per_identity`` per identity (an anonymous caller: per client
+    address); the defaults are the runtime's settings ``max_event_streams`` and
+    ``max_event_streams_per_identity``. A stream over a cap is refused with 503
+    and ``Retry-After``.
+    """
+    settings = runtime.settings
+    slots = StreamSlots(
+        max_streams if max_streams is not None else settings.max_event_streams,
+        max_streams_per_identity
+        if max_streams_per_identity is not None
+        else settings.max_event_streams_per_identity,
+    )
 
     async def caller(request: Request) -> Identity | None:
         if authenticate is None:
@@ -185,7 +247,10 @@ def create_app(
             try:
                 return await handler(request)
             except (HTTPError, WakefulError) as exc:
-                return error_response(exc)
+                response = error_response(exc)
+                if response.status_code == 503:
+                    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
             except Exception:  # a bug: log it, and answer JSON without internals
                 log.exception("gateway: %s %s failed", request.method, request.url.path)
                 return JSONResponse(
@@ -322,7 +387,7 @@ def create_app(
 
     @endpoint
     async def events(request: Request) -> Response:
-        url, _ = await entity(request, "read")
+        url, identity = await entity(request, "read")
         await runtime.status(url)
         live = request.query_params.get("live") in ("1", "true")
         follow = request.query_params.get("follow", "1") not in ("0", "false")
@@ -335,7 +400,11 @@ def create_app(
                 raise HTTPError(400, "BadQuery", f"tail must be between 1 and {TAIL_LIMIT}")
             after = await runtime.log_position(url, back=int(tail))
         stream = _sse(runtime, url, after, live_after, live=live, follow=follow)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        if not (follow or live):  # reads to the end of the log and returns: not held open
+            return StreamingResponse(stream, media_type="text/event-stream")
+        key = _caller_key(identity, request)
+        slots.take(key)
+        return _CountedStream(stream, lambda: slots.give_back(key))
 
     base = "/entities/{type}/{id}"
     return Starlette(
@@ -355,6 +424,13 @@ def create_app(
             Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
         ]
     )
+
+
+def _caller_key(identity: Identity | None, request: Request) -> str:
+    """Whose stream this is: the identity, or for an anonymous caller its address."""
+    if identity is not None:
+        return json.dumps(identity, sort_keys=True)
+    return f"anonymous@{request.client.host if request.client else ''}"
 
 
 def _resume(cursor: str | None) -> tuple[str | None, str | None]:

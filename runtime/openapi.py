@@ -154,6 +154,7 @@ OPENAPI: dict[str, Any] = {
                 401,
                 403,
                 404,
+                503,  # too many open streams (in total or of the caller): Retry-After
                 params=[
                     {"name": "live", "in": "query", "schema": {"type": "boolean"}},
                     {"name": "follow", "in": "query", "schema": {"type": "boolean"}},

@@ -10,16 +10,20 @@ subscribed in ``notices.py``). The data path is: client ->
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from .connection import block_ms as block_ms_for
 from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
 from .keys import GROUP, Keyspace
@@ -75,7 +79,10 @@ __all__ = [  # the scripts too, for tests that run them one by one
 # replies are lists and bytes; redis-py's annotations cover every protocol and mode,
 # and the casts below narrow them to that shape.
 
-# Errors that mean "Redis is unreachable for now": callers retry later, nothing is lost.
+log = logging.getLogger("wakeful.store")
+LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
+
+# Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too): callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -171,9 +178,31 @@ class Store(EntityReads):
 
     # -- setup ---------------------------------------------------------------
 
+    async def _until_loaded(self) -> None:
+        """Load the scripts, retrying while Redis answers ``LOADING``; a warning says so
+        at once and every :data:`LOADING_NOTICE_S` seconds."""
+        since = time.monotonic()
+        said = None
+        while True:
+            try:
+                await self.load_scripts()
+                if said is not None:
+                    log.warning("Redis has loaded its dataset; going on")
+                return
+            except BusyLoadingError:
+                waited = time.monotonic() - since
+                if said is None or waited - said >= LOADING_NOTICE_S:
+                    said = waited
+                    log.warning(
+                        "Redis is loading its dataset into memory; waiting (%.0f s so far)",
+                        waited,
+                    )
+                await asyncio.sleep(LOADING_RETRY_S)
+
     async def setup(self) -> None:
-        """Load the scripts and check the partition count against the keyspace."""
-        await self.load_scripts()
+        """Load the scripts and check the partition count against the keyspace. While
+        Redis is still loading its dataset (after a restart) wait, saying so."""
+        await self._until_loaded()
         await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
         stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
         if stored != self.keys.partitions:
@@ -469,7 +498,9 @@ class Store(EntityReads):
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
-            await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms),
+            await self.redis.xreadgroup(
+                GROUP, consumer, streams, count=count, block=block_ms_for(self.redis, block_ms)
+            ),
         )
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
