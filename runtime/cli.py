@@ -202,7 +202,7 @@ async def _ask(args: argparse.Namespace) -> int:
 async def _inspect(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
-        status = await rt.status(args.url)
+        status = await rt.status(args.url, runs=True)
         lag_inputs, lag_ms = await rt.lag(args.url)
         info = {
             **dataclasses.asdict(status),
