@@ -116,6 +116,7 @@ class PendingActions:
         """Refuse an answer to a call whose run ended (was cancelled, failed) unanswered."""
         state = await self._store.action_state(url, tool_call_id)
         if state not in ("", "pending", "settled"):
+            how = {"cancelled": "was cancelled", "failed": "failed"}.get(state, f"ended ({state})")
             raise ActionNotPendingError(
-                f"tool call {tool_call_id!r} of {url} is not pending: the run was {state}"
+                f"tool call {tool_call_id!r} of {url} is not pending: the run {how}"
             )
