@@ -31,6 +31,7 @@ from .errors import (
     EventDecodeError,
     FencedError,
     InvalidArgsError,
+    InvalidEventError,
     InvalidPayloadError,
     InvalidTypeNameError,
     InvalidUrlError,
@@ -82,7 +83,7 @@ from .models import AnthropicModel, Model, ScriptedModel
 from .registry import EntityType, Registry
 from .schema import Collection
 from .state import ChildInfo, CollectionHandle, CollectionView
-from .status import EntityStatus
+from .status import EntityStatus, RunInfo
 from .urls import EntityUrl, entity_url, parse_url
 from .wake import Wake, WakeInfo
 from .worker import Worker
@@ -126,6 +127,7 @@ __all__ = [
     "HandlerContext",
     "HandlerFailed",
     "InvalidArgsError",
+    "InvalidEventError",
     "InvalidPayloadError",
     "InvalidTypeNameError",
     "InvalidUrlError",
@@ -146,6 +148,7 @@ __all__ = [
     "RowValidationError",
     "RunFailedError",
     "RunFinished",
+    "RunInfo",
     "RunResult",
     "RunStarted",
     "RunSuspendedError",

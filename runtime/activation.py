@@ -66,6 +66,8 @@ class CommitBatch:
     outbox: Outbox | None = None  # the immediate effects, delivered after the commit
     # Tool calls that now wait for a pending tool action (a client's output, an approval).
     actions: list[str] = field(default_factory=list)
+    # Pending actions whose run finished: (tool call id, how the run ended).
+    closed_actions: list[tuple[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.timers)
@@ -100,6 +102,7 @@ class Activation:
         # Buffered until the next commit point, with the tool call that made them.
         self._events: list[tuple[str | None, Event]] = []
         self._effects: list[tuple[str | None, Effect]] = []
+        self._closed: list[tuple[str | None, tuple[str, str]]] = []
 
     # -- keys and ids ------------------------------------------------------------
 
@@ -163,7 +166,7 @@ class Activation:
     def record_run(self) -> str:
         """Open a run for this wake unless one is open; return its id."""
         if self.state.system.run is None:
-            self.record(RunStarted(run_id=f"run-{self.wake_id}"))
+            self.record(RunStarted(run_id=f"run-{self.wake_id}", at_ms=int(time.time() * 1000)))
         return self.state.system.run  # type: ignore[return-value]
 
     def finish_run(
@@ -177,6 +180,12 @@ class Activation:
         tool_calls: int = 0,
     ) -> str:
         run_id = self.record_run()
+        # A run that ends (cancelled, failed) while calls wait for answers settles them:
+        # the fold drops them with the run, the commit marks them closed in the hash.
+        call = CURRENT_TOOL_CALL.get()
+        for action in self.state.system.actions.values():
+            if action.run_id == run_id:
+                self._closed.append((call, (action.tool_call_id, status)))
         self.record(
             RunFinished(
                 run_id=run_id,
@@ -186,6 +195,7 @@ class Activation:
                 usage=usage,
                 steps=steps,
                 tool_calls=tool_calls,
+                at_ms=int(time.time() * 1000),
             )
         )
         return run_id
@@ -240,6 +250,7 @@ class Activation:
             batch.events.append((PLAIN, encode_event(event, limit=RUNTIME_EVENT_MAX_BYTES)))
             if isinstance(event, ActionRequested):
                 batch.actions.append(event.tool_call_id)
+        batch.closed_actions = take(self._closed, scope)
         effects = take(self._effects, scope)
         effects.extend(self._notifications(finished, {op.collection for op in ops}))
         immediate = [e for e in effects if not e.due_ms]

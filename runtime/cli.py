@@ -32,6 +32,7 @@ import re
 import shlex
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -203,7 +204,7 @@ async def _ask(args: argparse.Namespace) -> int:
 async def _inspect(args: argparse.Namespace) -> int:
     rt = await _client(args)
     try:
-        status = await rt.status(args.url)
+        status = await rt.status(args.url, runs=True)
         lag_inputs, lag_ms = await rt.lag(args.url)
         info = {
             **dataclasses.asdict(status),
@@ -220,6 +221,10 @@ async def _inspect(args: argparse.Namespace) -> int:
         return OK
     state, children, pending = info.pop("state"), info.pop("children"), info.pop("pending_actions")
     info["lag"] = f"{lag_inputs} unhandled input(s), oldest {lag_ms} ms"
+    for key in ("run", "last_run"):  # "<id> <status> <when>"
+        if run := info[key]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["at_ms"] / 1000))
+            info[key] = " ".join([run["id"], run["status"], *([when] if run["at_ms"] else [])])
     out.print(terminal.key_values(args.url, {k: v for k, v in info.items() if v not in (None, "")}))
     for name, rows in state.items():
         out.print(terminal.rows_table(f"Collection {name} ({len(rows)})", rows))

@@ -61,7 +61,7 @@ from .live import LiveRecord
 from .notices import Notices
 from .registry import Registry
 from .state import ChildInfo, EntityState
-from .status import EntityStatus, entity_status
+from .status import EntityStatus, RunInfo, entity_status
 from .store import EntityMeta, Store, TargetMissingError
 from .urls import entity_url, parse_url
 from .worker import Worker
@@ -324,7 +324,7 @@ class Runtime(PendingActions):
                 url,
                 parsed.type,
                 created=b"",
-                events=[("i", encode_event(event))],
+                events=[("i", encode_event(event, what=f"{event.__struct_config__.tag} of {url}"))],
                 mode="existing",
             )
         except TargetMissingError:
@@ -376,8 +376,23 @@ class Runtime(PendingActions):
             raise EntityNotFoundError(url)
         return meta
 
-    async def status(self, url: str) -> EntityStatus:
-        return entity_status(url, await self._entity_meta(url))
+    async def status(self, url: str, *, runs: bool = False) -> EntityStatus:
+        """Where the entity stands; with ``runs`` also its current and last finished
+        run (read from its state, so it costs a load of the entity)."""
+        status = entity_status(url, await self._entity_meta(url))
+        if not runs:
+            return status
+        system = (await self._folded(url)).system
+        current = None
+        if system.run is not None:
+            word = "suspended" if system.actions else "running"
+            current = RunInfo(system.run, word, system.run_started_ms)
+        last = system.last_run
+        return dataclasses.replace(
+            status,
+            run=current,
+            last_run=RunInfo(last.run_id, last.status, last.at_ms, last.error) if last else None,
+        )
 
     async def state(self, url: str) -> dict[str, list[Any]]:
         """The entity's collections as committed (snapshot + log), as plain data."""
@@ -500,13 +515,14 @@ class Runtime(PendingActions):
 
     async def wait_idle(self, url: str, timeout: float = 30.0) -> EntityStatus:
         """Wait until the entity is idle: every input sent so far handled, its effects
-        delivered, no timers pending, and no child it awaits still running; or failed."""
+        delivered, no timers pending, and no child it awaits still running; or suspended
+        (its run waits for pending actions), or failed."""
         last: EntityStatus | None = None
 
         async def settled() -> EntityStatus | None:
             nonlocal last
             last = await self.status(url)
-            return last if last.status in ("idle", "failed") else None
+            return last if last.at_rest else None
 
         status = await self._until_notified(url, timeout, settled)
         if status is not None:

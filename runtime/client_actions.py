@@ -86,6 +86,8 @@ class PendingActions:
         **fields: Any,
     ) -> str:
         action = (await self._folded(url)).system.actions.get(tool_call_id)
+        if action is None:
+            await self._refuse_closed(url, tool_call_id)
         if action is not None and expired(action):
             expiry = answer_event(tool_call_id, "expired", None, error="expired before an answer")
             await self._store.settle_action(url, tool_call_id, encode_event(expiry))
@@ -106,5 +108,15 @@ class PendingActions:
         )
         event_id = await self._store.settle_action(url, tool_call_id, event)
         if event_id is None:
+            await self._refuse_closed(url, tool_call_id)
             raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
         return event_id
+
+    async def _refuse_closed(self, url: str, tool_call_id: str) -> None:
+        """Refuse an answer to a call whose run ended (was cancelled, failed) unanswered."""
+        state = await self._store.action_state(url, tool_call_id)
+        if state not in ("", "pending", "settled"):
+            how = {"cancelled": "was cancelled", "failed": "failed"}.get(state, f"ended ({state})")
+            raise ActionNotPendingError(
+                f"tool call {tool_call_id!r} of {url} is not pending: the run {how}"
+            )

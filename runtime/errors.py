@@ -14,6 +14,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- UnknownEntityTypeError (LookupError)
     |   +-- PayloadTooLargeError (ValueError)
     |   +-- InvalidPayloadError (TypeError)
+    |   |   +-- InvalidEventError             a field of the wrong type: nothing written
     |   +-- EventDecodeError
     |   |   +-- UnreadableHistoryError
     |   +-- CollectionError
@@ -97,6 +98,15 @@ class PayloadTooLargeError(WakefulError, ValueError):
 
 class InvalidPayloadError(WakefulError, TypeError):
     """A payload cannot be encoded as msgpack."""
+
+
+class InvalidEventError(InvalidPayloadError):
+    """An event whose fields do not match its type: it could not be read back, so it
+    is refused before anything is written (``field`` names the field)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class EventDecodeError(WakefulError):

@@ -16,11 +16,12 @@ or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from .errors import EventDecodeError, InvalidPayloadError, PayloadTooLargeError
+from .errors import EventDecodeError, InvalidEventError, InvalidPayloadError, PayloadTooLargeError
 
 # The default of Settings.max_event_bytes (config.py imports it: events sit below config).
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
@@ -218,6 +219,7 @@ class TimerFired(Event, tag="timer_fired"):
 class RunStarted(Event, tag="run_started"):
     is_output: ClassVar[bool] = True
     run_id: str
+    at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
 
 
 class RunFinished(Event, tag="run_finished"):
@@ -229,6 +231,7 @@ class RunFinished(Event, tag="run_finished"):
     usage: dict[str, int] | None = None
     steps: int = 0
     tool_calls: int = 0
+    at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
 
 
 # --- the agent loop's journal (outputs; they make up the conversation) -------
@@ -364,13 +367,37 @@ class UndecodableRecord(msgspec.Struct, frozen=True):
 def encode_event(
     event: Event, *, limit: int = DEFAULT_MAX_EVENT_BYTES, what: str = "event"
 ) -> bytes:
+    """Encode ``event`` for the log, refusing what could not be read back.
+
+    msgspec does not check a Struct's field types on construction, so an event
+    built from untrusted input (``CancelRequested(reason=12345)``) would encode
+    fine and then park its entity when the worker decodes it. Every append goes
+    through here, so the encoded bytes are decoded with the reader's own decoder
+    first (about a microsecond per event): nothing undecodable is ever written.
+    """
     try:
         data = _encoder.encode(event)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidPayloadError(f"{what} cannot be encoded as msgpack: {exc}") from exc
     if len(data) > limit:
         raise PayloadTooLargeError(what, len(data), limit)
+    try:
+        _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _invalid(event, what, str(exc)) from None
     return data
+
+
+_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.DOTALL)
+
+
+def _invalid(event: Event, what: str, error: str) -> InvalidEventError:
+    """``Expected `str`, got `int` - at `$.reason``` -> an error naming the field."""
+    match = _AT.match(error)
+    problem, field = (match.group(1), match.group(2) or "") if match else (error, "")
+    tag = type(event).__struct_config__.tag
+    where = f"field {field!r} of the {tag!r} event" if field else f"the {tag!r} event"
+    return InvalidEventError(f"{what}: {where} is invalid: {problem}", field)
 
 
 def decode_event(data: bytes, *, stream_id: str = "?", url: str = "?") -> Event:

@@ -59,6 +59,7 @@ from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
     InvalidArgsError,
+    InvalidEventError,
     InvalidPayloadError,
     InvalidUrlError,
     PayloadTooLargeError,
@@ -95,6 +96,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (UnknownEntityTypeError, 404),
     (EntityNotFoundError, 404),
     (PayloadTooLargeError, 413),
+    (InvalidEventError, 400),  # a field of the wrong type (nothing was written)
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
     (InvalidArgsError, 422),
@@ -303,7 +305,7 @@ def create_app(
     @endpoint
     async def status(request: Request) -> Response:
         url, _ = await entity(request, "read")
-        return JSONResponse(dataclasses.asdict(await runtime.status(url)))
+        return JSONResponse(dataclasses.asdict(await runtime.status(url, runs=True)))
 
     @endpoint
     async def state(request: Request) -> Response:

@@ -144,7 +144,9 @@ local n_acks = tonumber(ARGV[11])     -- then n_acks inbox ids to acknowledge
 local n_fields = tonumber(ARGV[12])   -- then n_fields field, value items for meta
 local n_timers = tonumber(ARGV[13])   -- then n_timers triples (member, due ms, data)
 local n_actions = tonumber(ARGV[14])  -- then n_actions tool call ids now pending
-local i = 15
+local n_closed = tonumber(ARGV[15])   -- then n_closed pairs (tool call id, how its run
+                                      -- ended): still pending, they are settled by that
+local i = 16
 if redis.call('GET', lease) ~= token then return {'FENCED'} end
 if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
   return {'GONE'}
@@ -203,6 +205,13 @@ for _ = 1, n_actions do
     redis.call('HINCRBY', meta, 'actions', 1)
   end
   i = i + 1
+end
+for _ = 1, n_closed do
+  if redis.call('HGET', actions, ARGV[i]) == 'pending' then
+    redis.call('HSET', actions, ARGV[i], ARGV[i + 1])
+    redis.call('HINCRBY', meta, 'actions', -1)
+  end
+  i = i + 2
 end
 if snapshot ~= '' then
   redis.call('SET', snap, snapshot)
@@ -405,7 +414,8 @@ return redis.call('ZRANGE', workers, 0, -1)
 """
 
 # Settle a pending action at most once: concurrent answers race here and one wins.
-# -> {1, event id} | {0, state} (state: '' unknown, 'settled' already answered)
+# -> {1, event id} | {0, state} (state: '' unknown, 'settled' already answered, or how
+# the run that closed it ended: 'cancelled', 'failed')
 SETTLE = (
     _ENSURE_POINTER
     + """

@@ -102,6 +102,8 @@ class SystemState(msgspec.Struct, kw_only=True):
     subs: dict[str, Subscription] = {}
     children: dict[str, ChildInfo] = {}
     run: str | None = None  # the open run
+    run_started_ms: int = 0  # when the open run started
+    last_run: RunFinished | None = None  # the end of the last finished run
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
     actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
@@ -142,8 +144,13 @@ class SystemState(msgspec.Struct, kw_only=True):
                 self.settled[event.tool_call_id] = event
         elif isinstance(event, RunStarted):
             self.run = event.run_id
+            self.run_started_ms = event.at_ms
         elif isinstance(event, RunFinished) and self.run == event.run_id:
             self.run = None
+            self.last_run = msgspec.structs.replace(event, response=None)  # small snapshots
+            # Calls of the run that still wait for an answer end with it.
+            for call_id in [k for k, a in self.actions.items() if a.run_id == event.run_id]:
+                del self.actions[call_id]
 
     def awaited_children(self) -> int:
         return sum(1 for child in self.children.values() if child.awaited)

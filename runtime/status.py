@@ -9,14 +9,37 @@ from .events import unpack
 from .replies import EntityMeta
 from .streamids import id_gt
 
+STATUSES = ("failed", "pending", "waiting", "suspended", "idle")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run of the entity: its id, ``status`` and when (epoch ms; ``at_ms`` is when
+    the current run started, or when the last run finished; 0 if not recorded).
+
+    A current run is ``running`` or ``suspended`` (waiting for pending actions); a
+    finished one ``completed``, ``failed`` or ``cancelled`` (with its ``error``)."""
+
+    id: str
+    status: str
+    at_ms: int = 0
+    error: str | None = None
+
 
 @dataclass(frozen=True)
 class EntityStatus:
-    """Where an entity stands.
+    """Where an entity stands, one word of :data:`STATUSES` everywhere (the client,
+    the CLI, HTTP and the console).
 
     ``status`` is ``failed`` (parked), ``pending`` (inputs not yet handled),
     ``waiting`` (its own inputs are handled, but effects are undelivered, timers
-    are pending, or children whose runs it awaits are still running) or ``idle``.
+    are pending, or children whose runs it awaits are still running),
+    ``suspended`` (at rest, its open run waits for pending actions: a client's
+    output or an approval) or ``idle``.
+
+    ``run`` and ``last_run`` (the current and the last finished run) are read from
+    the entity's state, so only ``rt.status(url, runs=True)``, ``wakeful inspect``
+    and the HTTP status fill them in.
     """
 
     url: str
@@ -33,10 +56,17 @@ class EntityStatus:
     timers: int = 0
     undelivered: bool = False
     pending_actions: int = 0  # tool calls waiting for a client's output or an approval
+    run: RunInfo | None = None
+    last_run: RunInfo | None = None
 
     @property
     def idle(self) -> bool:
         return self.status == "idle"
+
+    @property
+    def at_rest(self) -> bool:
+        """Nothing will happen without new input: idle, suspended or failed."""
+        return self.status in ("idle", "suspended", "failed")
 
 
 def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
@@ -56,6 +86,8 @@ def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
             status = "pending"
         elif undelivered or awaited or timers:
             status = "waiting"
+        elif meta.pending_actions:
+            status = "suspended"
         else:
             status = "idle"
         args = unpack(meta.args) if meta.args else None

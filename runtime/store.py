@@ -291,6 +291,7 @@ class Store(EntityReads):
         snapshot_out: str = "",
         timers: Sequence[tuple[str, int, bytes]] = (),
         actions: Sequence[str] = (),
+        closed_actions: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -332,11 +333,13 @@ class Store(EntityReads):
                 len(flat_fields),
                 len(timers),
                 len(actions),
+                len(closed_actions),
                 *(x for pair in events for x in pair),
                 *acks,
                 *flat_fields,
                 *(x for timer in timers for x in timer),
                 *actions,
+                *(x for pair in closed_actions for x in pair),
             ],
         )
         status = as_str(reply[0])
@@ -407,6 +410,12 @@ class Store(EntityReads):
             [tool_call_id, event, url],
         )
         return as_str(reply[1]) if int(reply[0]) == 1 else None
+
+    async def action_state(self, url: str, tool_call_id: str) -> str:
+        """``pending``, ``settled``, how the run that closed it ended (``cancelled``,
+        ``failed``), or ``""`` for an unknown call."""
+        value = await self.redis.hget(self.keys.actions(url), tool_call_id)
+        return as_str(value) if value is not None else ""
 
     async def timers_of(self, url: str, created: str) -> list[tuple[str, int, bytes]]:
         """Pending timers of one incarnation of ``url``: (member, due ms, data)."""

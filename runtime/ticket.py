@@ -93,4 +93,5 @@ async def commit(
         snapshot_out=snapshot_out,
         timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
         actions=batch.actions,
+        closed_actions=batch.closed_actions,
     )

@@ -139,7 +139,7 @@ def text(o: ToolOutcome) -> str:
 
 async def suspended(rt: Runtime, pending: int = 1) -> None:
     status = await rt.wait_idle(URL)
-    assert status.status == "idle"
+    assert status.status == "suspended"
     assert status.pending_actions == pending
     assert not await of_type(rt, RunFinished)
 

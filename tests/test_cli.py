@@ -220,6 +220,16 @@ async def test_pending_approve_and_deny(worker, server_url, prefix):
     assert action["input"] == {"action": "delete", "key": "city"}
     table = await run(server_url, prefix, "pending", "/assistant/p1")
     assert action["tool_call_id"] in table.stdout
+    # One word for a run waiting on an approval, in the client, `inspect` and `ls`.
+    assert (await worker.status("/assistant/p1")).status == "suspended"
+    info = json.loads((await run(server_url, prefix, "inspect", "/assistant/p1", "--json")).stdout)
+    assert info["status"] == "suspended"
+    assert (info["run"]["id"], info["run"]["status"]) == (action["run_id"], "suspended")
+    assert info["last_run"]["status"] == "completed"
+    listed = await run(server_url, prefix, "ls", "assistant")
+    assert "/assistant/p1\tsuspended" in listed.stdout.splitlines()
+    table = (await run(server_url, prefix, "inspect", "/assistant/p1")).stdout
+    assert f"{action['run_id']} suspended" in table and "suspended" in table
 
     approved = await run(
         server_url, prefix, "approve", "/assistant/p1", action["tool_call_id"], "--follow"

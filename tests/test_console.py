@@ -132,6 +132,10 @@ async def test_approve_a_pending_call(gateway, page):
     approve = page.locator("#actions .action[data-kind=approval] button.approve")
     await approve.wait_for()
     assert (await rt.pending_actions("/assistant/web2"))[0].tool == "memory"
+    # One word for a run waiting on an approval: the console shows what the status says.
+    assert (await rt.wait_idle("/assistant/web2")).status == "suspended"
+    await page.locator("#status .status-suspended", has_text="suspended").wait_for()
+    await page.locator("#status dd", has_text="suspended").filter(has_text="run-").wait_for()
     await approve.click()
     await page.locator(".bubble.agent", has_text="Forgot 'city'.").wait_for()
     await page.locator("#actions", has_text="none").wait_for()

@@ -497,16 +497,23 @@ async function refreshPanels() {
   }
 }
 
+function runText(run) {
+  if (!run) return "";
+  const when = run.at_ms ? ` ${new Date(run.at_ms).toLocaleTimeString()}` : "";
+  return `${run.id} ${run.status}${when}`;
+}
+
 function drawStatus(status) {
-  const suspended = status.status === "idle" && status.pending_actions > 0;
   const rows = [
     ["entity", status.url],
-    ["status", suspended ? "suspended" : status.status],
+    ["status", status.status], // the server's word, as in the CLI and the client
     ["cursor", status.cursor],
     ["pending actions", status.pending_actions],
     ["awaited children", status.awaited_children],
     ["timers", status.timers],
   ];
+  if (status.run) rows.push(["run", runText(status.run)]);
+  if (status.last_run) rows.push(["last run", runText(status.last_run)]);
   if (status.parent) rows.push(["parent", status.parent]);
   if (status.error) rows.push(["error", status.error]);
   $("#status").replaceChildren(
