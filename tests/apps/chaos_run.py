@@ -28,6 +28,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from redis.asyncio import Redis
 
 from tests.apps import chaos
 from tests.apps.harness import LEASE_TTL_MS, PrivateRedis, WorkerProc, Workers, client
-from wakeful import Runtime, RunFinished
+from wakeful import RunFinished, Runtime
 
 APP = "tests.apps.chaos:registry"
 TALLIES, PARENTS, AGENTS = 12, 4, 4
@@ -172,8 +173,11 @@ def build_workload(cfg: Config, run_id: str) -> Workload:
 PRIMARY = {"seen": "key", "totals": "key", "fired": "tag", "reports": "child", "notes": "key"}
 
 
-def compare(url: str, want: dict[str, list[dict[str, Any]]], got: dict[str, list[Any]], res: Result):
+def compare(
+    url: str, want: dict[str, list[dict[str, Any]]], got: dict[str, list[Any]], res: Result
+):
     """Count lost, duplicated and unexpected rows, and any other difference."""
+
     def normal(state: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return {k: sorted(v, key=lambda r: r[PRIMARY[k]]) for k, v in state.items() if v}
 
@@ -307,9 +311,7 @@ class Chaos:
                         self.res.send_retries += 1
                         await asyncio.sleep(0.05)
 
-        await asyncio.gather(
-            *(send(i, *message) for i, message in enumerate(workload.messages))
-        )
+        await asyncio.gather(*(send(i, *message) for i, message in enumerate(workload.messages)))
 
     # the end
 
@@ -346,7 +348,9 @@ class Chaos:
         res = self.res
         urls = sorted(workload.expected)
         statuses = await self.settle(rt, urls)
-        failed = [u for u, s in statuses.items() if not isinstance(s, Exception) and s.status == "failed"]
+        failed = [
+            u for u, s in statuses.items() if not isinstance(s, Exception) and s.status == "failed"
+        ]
         res.failed_entities = len(failed)
         for url in failed[:10]:
             res.problems.append(f"{url} failed: {statuses[url].error}")
@@ -371,16 +375,20 @@ class Chaos:
                 if isinstance(event, RunFinished):
                     res.agent_runs += 1
                     if event.status != "completed":
-                        res.problems.append(f"{url}: run {event.run_id} {event.status}: {event.error}")
+                        res.problems.append(
+                            f"{url}: run {event.run_id} {event.status}: {event.error}"
+                        )
         if res.state_mismatches:
             res.problems.append(f"{res.state_mismatches} entities differ from the reference state")
         if res.sent != len(workload.messages):
             res.problems.append(f"only {res.sent} of {len(workload.messages)} sends acknowledged")
 
-    async def run(self) -> Result:
+    async def run(self, on_redis: Callable[[str], Awaitable[None]] | None = None) -> Result:
         started = time.monotonic()
         cfg = self.cfg
         self.redis.start()
+        if on_redis is not None:
+            await on_redis(self.redis.url)
         self.workers.redis_url = self.redis.url
         workload = build_workload(cfg, self.run_id)
         rt = client(self.redis.url, self.prefix, chaos.registry)
@@ -410,9 +418,12 @@ class Chaos:
         return self.res
 
 
-async def run_chaos(cfg: Config) -> Result:
+async def run_chaos(
+    cfg: Config, on_redis: Callable[[str], Awaitable[None]] | None = None
+) -> Result:
+    """Run once; ``on_redis`` is called with the private Redis's URL once it is up."""
     if cfg.keep_dir is not None:
         cfg.keep_dir.mkdir(parents=True, exist_ok=True)
-        return await Chaos(cfg, cfg.keep_dir).run()
+        return await Chaos(cfg, cfg.keep_dir).run(on_redis)
     with tempfile.TemporaryDirectory(prefix="wakeful-chaos-") as tmp:
-        return await Chaos(cfg, Path(tmp)).run()
+        return await Chaos(cfg, Path(tmp)).run(on_redis)
