@@ -225,6 +225,17 @@ class Chaos:
     def start_worker(self) -> WorkerProc:
         return self.workers.start()
 
+    async def start_registered(self) -> None:
+        """Start a worker and wait until it heartbeats, so the next fault (perhaps a Redis
+        kill) does not meet it half started (a worker that cannot reach Redis at start
+        exits with 6, as documented)."""
+        proc = self.start_worker()
+        side = Redis.from_url(self.redis.url)
+        try:
+            await self.workers.registered(side, proc, timeout=30)
+        finally:
+            await side.aclose()
+
     def live_workers(self) -> list[WorkerProc]:
         return [p for p in self.workers.procs if p.alive()]
 
@@ -250,7 +261,7 @@ class Chaos:
         self.killed.add(proc.pid)
         proc.kill()
         self.res.kills += 1
-        self.start_worker()
+        await self.start_registered()
 
     async def zombie(self) -> None:
         victims = self.live_workers()
