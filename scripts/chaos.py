@@ -92,7 +92,11 @@ async def main_async(args: argparse.Namespace) -> int:
             described = True
             r = Redis.from_url(url)
             try:
-                await describe_machine(r)
+                await describe_machine(
+                    r,
+                    busy_warning="  WARNING: the machine is not idle; workers, Redis and the "
+                    "client compete with other work, so the wall time is longer",
+                )
             finally:
                 await r.aclose()
             print(f"code: {code_version()}")

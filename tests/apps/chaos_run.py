@@ -367,8 +367,11 @@ class Chaos:
             res.problems.append(f"{url} failed: {statuses[url].error}")
         for url in urls:
             compare(url, workload.expected[url], await rt.state(url), res)
-        kids = set(await rt.list("kid"))
-        res.children = len(kids)
+        listed = await rt.list("kid")
+        kids = set(listed)
+        res.children = len(listed)
+        if len(listed) != len(kids):
+            res.problems.append(f"children listed more than once: {sorted(listed)[:20]}")
         if kids != workload.kids:
             res.problems.append(
                 f"children: missing {sorted(workload.kids - kids)[:10]}, "
