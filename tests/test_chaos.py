@@ -14,11 +14,11 @@ import shutil
 
 import pytest
 
-from tests.apps.chaos_run import Config, run_chaos
-
-pytestmark = [pytest.mark.anyio, pytest.mark.redis_only]
+from tests.apps.chaos_run import Config, Result, build_workload, compare, run_chaos
 
 
+@pytest.mark.anyio
+@pytest.mark.redis_only
 @pytest.mark.timeout(150)
 async def test_short_chaos_run_applies_everything_exactly_once(tmp_path):
     if shutil.which("redis-server") is None:
@@ -32,3 +32,25 @@ async def test_short_chaos_run_applies_everything_exactly_once(tmp_path):
     assert result.ok, "\n".join(result.problems)
     assert (result.kills, result.zombies, result.redis_restarts) == (2, 2, 2)
     assert result.children > 0 and result.timers > 0 and result.agent_runs > 0
+
+
+def test_the_reference_check_counts_lost_duplicated_and_wrong_rows():
+    """The check itself: a reference of the workload, and a state that misses one
+    message, applied another twice, and holds a wrong total."""
+    workload = build_workload(Config(seed=3, messages=50), "r")
+    url = next(u for u in sorted(workload.expected) if u.startswith("/tally/"))
+    want = workload.expected[url]
+    assert len(want["seen"]) >= 2
+    got = {name: [dict(row) for row in rows] for name, rows in want.items()}
+    lost = got["seen"].pop()
+    got["seen"][0]["n"] = 2
+    got["totals"][0]["sum"] += 1
+    result = Result(Config())
+    compare(url, want, got, result)
+    assert (result.lost, result.duplicated, result.state_mismatches) == (1, 1, 1)
+    assert any(lost["key"] in p and "lost" in p for p in result.problems), result.problems
+    assert any("totals: differs" in p for p in result.problems), result.problems
+
+    clean = Result(Config())
+    compare(url, want, want, clean)
+    assert clean.ok and (clean.lost, clean.duplicated) == (0, 0)

@@ -366,7 +366,12 @@ class Chaos:
         for url in failed[:10]:
             res.problems.append(f"{url} failed: {statuses[url].error}")
         for url in urls:
-            compare(url, workload.expected[url], await rt.state(url), res)
+            try:
+                state = await rt.state(url)
+            except Exception as exc:  # e.g. never created: everything it should hold is lost
+                res.problems.append(f"{url}: no state: {exc!r}")
+                state = {}
+            compare(url, workload.expected[url], state, res)
         listed = await rt.list("kid")
         kids = set(listed)
         res.children = len(listed)
