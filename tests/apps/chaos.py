@@ -12,9 +12,9 @@ what it applies instead of refusing a repeat, so a duplicate shows up in the sta
   is counted in ``reports`` (keyed by the child's url, with its response).
 * ``kid``: replies ``done <its message>``, which finishes its run.
 * ``agent``: an agent run with a :class:`ScriptedModel`: for every ``note:<key>:<a>:<b>``
-  in the new user turn the model calls the tool ``note`` (call id ``note_<key>``, so a
-  repeated model request answers the same), which counts the key in ``notes`` and
-  returns ``a + b``; then the model answers ``noted``.
+  in the user's messages not called yet, the model calls the tool ``note`` (call id
+  ``note_<key>``, so a repeated model request answers the same), which counts the key
+  in ``notes`` and returns ``a + b``; then the model answers ``noted``.
 """
 
 from __future__ import annotations
@@ -138,15 +138,23 @@ async def kid(ctx: HandlerContext) -> None:
 
 
 def _respond(request: ModelRequest) -> ModelResponse:
-    last = request.messages[-1] if request.messages else {}
-    blocks = last.get("content")
-    if last.get("role") != "user" or (
-        isinstance(blocks, list) and any(b.get("type") == "tool_result" for b in blocks)
-    ):
-        return ScriptedModel.text("noted")
-    notes = NOTE.findall(msgspec.json.encode(last).decode())
-    if not notes:
-        return ScriptedModel.text("nothing to note")
+    """Call ``note`` for every ``note:`` in the user's messages that no earlier step
+    called yet, then answer. Looking at the whole conversation, not only its last
+    message, also covers a message that arrived while a step's tools ran (it joins
+    the turn that carries their results)."""
+    called = {
+        block["id"]
+        for message in request.messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use"
+    }
+    asked = [
+        note
+        for message in request.messages
+        if message["role"] == "user"
+        for note in NOTE.findall(msgspec.json.encode(message["content"]).decode())
+    ]
     calls = [
         {
             "type": "tool_use",
@@ -154,8 +162,11 @@ def _respond(request: ModelRequest) -> ModelResponse:
             "name": "note",
             "input": {"key": key, "a": int(a), "b": int(b)},
         }
-        for key, a, b in dict.fromkeys(notes)
+        for key, a, b in dict.fromkeys(asked)
+        if f"note_{key}" not in called
     ]
+    if not calls:
+        return ScriptedModel.text("noted")
     return ModelResponse(content=calls, stop_reason="tool_use")
 
 
