@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -209,6 +210,19 @@ def compare(
 # -- the run --------------------------------------------------------------------
 
 
+def free_port_between(low: int, high: int) -> int:
+    """A random port in [low, high) that nothing listens on right now."""
+    for _ in range(100):
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
+
+
 class Chaos:
     def __init__(self, cfg: Config, data_dir: Path) -> None:
         self.cfg = cfg
@@ -216,6 +230,8 @@ class Chaos:
         self.run_id = f"c{cfg.seed}x{random.randrange(16**6):06x}"
         self.prefix = f"chaos{self.run_id}"
         self.redis = PrivateRedis(data_dir / "redis")
+        self.redis.port = free_port_between(20000, 40000)
+        self.redis.url = f"redis://127.0.0.1:{self.redis.port}/0"
         self.workers = Workers("", self.prefix, data_dir, APP)
         self.res = Result(cfg)
         self.killed: set[int] = set()
