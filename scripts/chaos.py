@@ -19,7 +19,8 @@ is checked at the end; ``tests/test_chaos.py`` is the short variant.
 
 The table: the faults injected, what the workload made (children, timers fired,
 agent runs), and what went wrong: acknowledged items lost, applied more than once,
-entities parked as failed, workers that died without being killed. The last line is
+entities parked as failed, workers that died without being killed; ``fenced commits``
+counts the commits of paused workers that the lease check refused. The last line is
 the rows as JSON. Exit status 1 if any seed failed.
 """
 
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 COLUMNS = [
     "seed", "messages", "kills", "zombies", "redis restarts", "children", "timers",
-    "agent runs", "lost", "duplicated", "failed entities", "worker deaths", "wall s", "result",
+    "agent runs", "lost", "duplicated", "failed entities", "worker deaths", "fenced commits",
+    "wall s", "result",
 ]  # fmt: skip
 
 

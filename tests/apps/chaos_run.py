@@ -76,6 +76,7 @@ class Result:
     failed_entities: int = 0
     state_mismatches: int = 0
     worker_deaths: int = 0
+    fenced: int = 0  # commits of zombies the lease check refused (from the worker logs)
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
     worker_logs: str = ""
@@ -98,6 +99,7 @@ class Result:
             "duplicated": self.duplicated,
             "failed entities": self.failed_entities,
             "worker deaths": self.worker_deaths,
+            "fenced commits": self.fenced,
             "wall s": round(self.wall_s, 1),
             "result": "ok" if self.ok else "FAIL",
         }
@@ -442,6 +444,7 @@ class Chaos:
                 if proc.alive():
                     proc.popen.send_signal(signal.SIGCONT)
             self.res.wall_s = time.monotonic() - started
+            self.res.fenced = sum(p.log().count("refused: lease") for p in self.workers.procs)
             if not self.res.ok:
                 self.res.worker_logs = "\n".join(
                     f"----- worker pid {p.pid} -----\n{p.log()[-6000:]}" for p in self.workers.procs
