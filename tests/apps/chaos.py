@@ -5,7 +5,7 @@ what it applies instead of refusing a repeat, so a duplicate shows up in the sta
 (``n > 1``) rather than as a failed wake:
 
 * ``tally``: a message ``{"k": key, "v": int}`` adds a ``seen`` row (``n`` counts
-  applications) and ``v`` to ``totals``; with ``"timer": {"tag", "after"}`` it also
+  applications) and ``v`` to ``totals`` (after ``"sleep"`` seconds, if given); with ``"timer": {"tag", "after"}`` it also
   sends itself ``{"fired": tag}`` as a durable timer, counted in ``fired``.
 * ``parent``: a message ``{"k": key, "kids": n}`` spawns ``n`` ``kid`` children
   ``<parent id>.<key>.<j>`` with a ``run_finished`` subscription; each finished run
@@ -19,6 +19,7 @@ what it applies instead of refusing a repeat, so a duplicate shows up in the sta
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -102,6 +103,8 @@ async def tally(ctx: HandlerContext) -> None:
         if "fired" in payload:
             _count(fired, payload["fired"], Fired(payload["fired"], 1))
             continue
+        if payload.get("sleep"):  # a slow wake, so a paused worker is caught mid-wake
+            await asyncio.sleep(payload["sleep"])
         _count(seen, payload["k"], Seen(payload["k"], payload["v"], 1))
         if "all" in totals:
             totals.update("all", lambda t, v=payload["v"]: Total("all", t.n + 1, t.sum + v))

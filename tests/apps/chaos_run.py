@@ -7,7 +7,7 @@ one). One run:
    directory) and ``workers`` ``wakeful worker tests.apps.chaos:registry`` processes;
 2. sends ``messages`` messages, spread over ``seconds``, each with an idempotency key;
    a send that fails (Redis is away) is retried with the same key until it is
-   acknowledged. The mix (seeded): ``tally`` messages (some set a durable timer),
+   acknowledged. The mix (seeded): ``tally`` messages (some set a durable timer, a few are slow),
    ``parent`` messages that spawn 1-3 children with ``run_finished``, and ``agent``
    messages that start runs of a ``ScriptedModel`` calling a tool;
 3. meanwhile injects, at seeded random times in the window, ``kill -9`` of a worker
@@ -135,6 +135,8 @@ def build_workload(cfg: Config, run_id: str) -> Workload:
         if kind == "tally":
             url = f"/tally/t{rng.randrange(TALLIES)}"
             payload: Any = {"k": key, "v": rng.randrange(1000)}
+            if rng.random() < 0.05:
+                payload["sleep"] = 0.3
             seen.setdefault(url, []).append({"key": key, "v": payload["v"], "n": 1})
             if rng.random() < 0.15:
                 payload["timer"] = {"tag": f"x{i}", "after": round(rng.uniform(0.2, 2.5), 2)}
