@@ -130,13 +130,20 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # so that the run stops its workers and its Redis
+async def main_stoppable(args: argparse.Namespace) -> int:
+    """SIGTERM cancels the run, which stops its workers and its Redis on the way out."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await main_async(args)
+    except asyncio.CancelledError:
+        print("stopped by SIGTERM", file=sys.stderr)
+        return 143
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
-    return asyncio.run(main_async(parse_args(argv)))
+    return asyncio.run(main_stoppable(parse_args(argv)))
 
 
 if __name__ == "__main__":
