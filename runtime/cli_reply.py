@@ -7,6 +7,7 @@ prompt, and turns the outcome into the command's exit code and output.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
 from typing import Any
@@ -138,6 +139,11 @@ def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
     only cancels the main task, which a blocking ``input()`` never notices)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # A Ctrl-C that came before the swap only asked asyncio to cancel this task, which
+        # a blocking input() would never see: it is the operator's answer, so stop here.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise KeyboardInterrupt
         return ask(*args, **kwargs)
     finally:
         signal.signal(signal.SIGINT, previous)
