@@ -189,3 +189,21 @@ async def test_wait_all_idle_times_out_naming_a_busy_entity(cluster):
     with pytest.raises(Exception) as timed_out:
         await client.wait_all_idle(types=["tally"], timeout=0.3)
     assert "/tally/t is still pending" in str(timed_out.value)
+
+
+async def test_gateway_workers_endpoint(cluster):
+    import httpx
+
+    from wakeful.gateway import create_app
+
+    client = await cluster.runtime(notes_registry(), run_worker=False)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(client)), base_url="http://gw"
+    ) as http:
+        none = (await http.get("/workers")).json()
+        assert none["workers"] == [] and none["unserved"] == list(range(none["partitions"]))
+        rt = await cluster.runtime(notes_registry())
+        assert rt.worker is not None
+        served = (await http.get("/workers")).json()
+        assert [w["id"] for w in served["workers"]] == [rt.worker.id]
+        assert served["unserved"] == []
