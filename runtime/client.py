@@ -611,6 +611,11 @@ class Runtime(PendingActions):
             positions = {url: (st.cursor, st.last_input) for url, st in found.items()}
             if positions == previous:
                 return dict(sorted(found.items()))
+            if previous is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"the keyspace was still changing after {timeout}s "
+                    f"({len(positions)} entities, each idle when checked)"
+                )
             previous = positions
 
     async def _wait_each_idle(self, urls: list[str], timeout: float) -> dict[str, EntityStatus]:
