@@ -39,7 +39,7 @@ import redis.exceptions
 
 from . import terminal
 from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
-from .cli_reply import follow_reply, identity_of
+from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
@@ -494,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except redis.exceptions.RedisError as exc:
         err.print(f"[red]error:[/] Redis refused: {terminal.escape(str(exc))}")
         return ERROR
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, PromptInterrupted):
         if args.command == "tail" and args.after:
             err.print(f"resume with: {_resume_command(argv, args.after)}", markup=False)
         return INTERRUPTED

@@ -283,7 +283,7 @@ def test_serve_answers_http_on_the_embedded_default():
 
 def _interact(
     command: list[str], env: dict[str, str], prompt: str, answer: str | int
-) -> tuple[int, str]:
+) -> tuple[int | None, str]:
     """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
     str) or send it the signal ``answer`` (an int)."""
     import pty
@@ -315,7 +315,11 @@ def _interact(
                 answered = True
             if proc.poll() is not None and not ready:
                 break
-        return proc.wait(timeout=10), output.decode(errors="replace")
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None  # still running: the assertion shows what it printed
+        return code, output.decode(errors="replace") + f"\n[answered: {answered}]"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -354,7 +358,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
 async def test_a_ctrl_c_just_before_the_prompt_is_not_lost():
     """A Ctrl-C that lands after the last await but before the prompt installs Python's
     own handler only asked asyncio to cancel the task: the prompt must not block then."""
-    from wakeful.cli_reply import _prompt
+    from wakeful.cli_reply import PromptInterrupted, _prompt
 
     def blocking_input() -> str:
         raise AssertionError("the prompt waited for input after a Ctrl-C")
@@ -363,7 +367,7 @@ async def test_a_ctrl_c_just_before_the_prompt_is_not_lost():
     assert task is not None
     task.cancel()  # what asyncio's SIGINT handler does
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(PromptInterrupted):
             _prompt(blocking_input)
     finally:
         task.uncancel()
