@@ -2,7 +2,7 @@
 
 from .agent import AgentTool, RunResult, ToolResult
 from .cancellation import CancelSignal
-from .client import Runtime
+from .client import Runtime, WorkerInfo
 from .config import Settings
 from .context import EntityHandle, HandlerContext
 from .contracts import (
@@ -178,6 +178,7 @@ __all__ = [
     "WakeInterrupted",
     "WakefulError",
     "Worker",
+    "WorkerInfo",
     "define_agent",
     "define_tool",
     "entity_url",

@@ -41,7 +41,7 @@ import redis.exceptions
 
 from . import terminal
 from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
-from .cli_reply import follow_reply, identity_of
+from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
@@ -147,6 +147,19 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     base = f"http://{args.host}:{args.port}"
     print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
+    if rt.worker is None:
+        live = await rt.workers()
+        if live:
+            print(
+                f"no worker in this process; {len(live)} live worker(s) on {settings.redis_url}",
+                flush=True,
+            )
+        else:
+            print(
+                f"no worker runs on {settings.redis_url}: messages wait until one starts "
+                "(`wakeful worker APP`, or serve with --worker)",
+                flush=True,
+            )
     try:
         await server.serve()
     finally:
@@ -209,6 +222,7 @@ async def _inspect(args: argparse.Namespace) -> int:
         info = {
             **dataclasses.asdict(status),
             "lease_owner": await rt.lease_owner(args.url),
+            "worker": await _serving_worker(rt, args.url),
             "lag": {"inputs": lag_inputs, "oldest_ms": lag_ms},
             "state": await rt.state(args.url),
             "children": await rt.children(args.url),
@@ -252,6 +266,50 @@ async def _bad(args: argparse.Namespace) -> int:
         columns = ("key", "kind", "item", "reason", "detail", "worker")
         rows = [{k: i.get(k, "") for k in columns} for i in items]
         out.print(terminal.rows_table(f"Moved aside ({len(items)})", rows))
+    return OK
+
+
+async def _serving_worker(rt: Runtime, url: str) -> str:
+    """The live worker serving ``url``'s partition, or why none does."""
+    partition = rt.store.keys.partition(url) if rt.store is not None else 0
+    owner = await rt.partition_owner(partition)
+    if owner is not None:
+        return owner
+    if not await rt.workers():
+        return f"none: no worker runs (partition {partition}); start `wakeful worker APP`"
+    return f"none: no live worker holds partition {partition} yet"
+
+
+async def _workers(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        workers = await rt.workers()
+        owners = await rt.partition_owners()
+    finally:
+        await rt.close()
+    unserved = [p for p, owner in owners.items() if owner is None]
+    if args.json:
+        terminal.print_json(
+            {"workers": [dataclasses.asdict(w) for w in workers], "unserved": unserved}
+        )
+        return OK
+    if not workers:
+        err.print("[yellow]no worker runs: start `wakeful worker APP`[/]")
+        out.print(f"no live worker; {len(unserved)} partition(s) without a worker")
+        return OK
+    rows = [
+        {
+            "worker": w.id,
+            "partitions": ",".join(map(str, w.partitions)) or "-",
+            "last heartbeat": f"{w.last_heartbeat_ms} ms ago",
+        }
+        for w in workers
+    ]
+    out.print(terminal.rows_table(f"Workers ({len(workers)})", rows))
+    if unserved:
+        out.print(f"partitions without a worker: {', '.join(map(str, unserved))}")
+    else:
+        out.print(f"every partition ({len(owners)}) has a worker")
     return OK
 
 
@@ -437,6 +495,7 @@ COMMANDS = {
     "tail": _tail,
     "inspect": _inspect,
     "ls": _ls,
+    "workers": _workers,
     "pending": _pending,
     "approve": _approve,
     "deny": _deny,
@@ -464,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except redis.exceptions.RedisError as exc:
         err.print(f"[red]error:[/] Redis refused: {terminal.escape(str(exc))}")
         return ERROR
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, PromptInterrupted):
         if args.command == "tail" and args.after:
             err.print(f"resume with: {_resume_command(argv, args.after)}", markup=False)
         return INTERRUPTED

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", help="registry, to decode collections with their row types")
     p = command("ls", "list entities (of one type) and their status")
     p.add_argument("type", nargs="?", help="entity type (default: every known type)")
+    command("workers", "live workers, the partitions each holds, and partitions without one")
     p = command("pending", "tool calls of an entity waiting for a client or an approval")
     p.add_argument("url")
     for name, help_text in (

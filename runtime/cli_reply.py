@@ -7,6 +7,7 @@ prompt, and turns the outcome into the command's exit code and output.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
 from typing import Any
@@ -133,12 +134,27 @@ async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: 
     return answered
 
 
+class PromptInterrupted(Exception):
+    """Ctrl-C at an approval prompt: the command ends with exit code 130."""
+
+
 def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
     """Prompt in the main thread with Python's own Ctrl-C handling (asyncio's handler
-    only cancels the main task, which a blocking ``input()`` never notices)."""
+    only cancels the main task, which a blocking ``input()`` never notices).
+
+    Ctrl-C comes out as :class:`PromptInterrupted`, an ordinary exception: a
+    ``KeyboardInterrupt`` raised inside a task escapes the event loop at once, past the
+    ``finally`` blocks that close the client, and its teardown could hang."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # A Ctrl-C that came before the swap only asked asyncio to cancel this task, which
+        # a blocking input() would never see: it is the operator's answer, so stop here.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise PromptInterrupted
         return ask(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise PromptInterrupted from None
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -63,11 +63,23 @@ from .registry import Registry
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, RunInfo, entity_status
 from .store import EntityMeta, Store, TargetMissingError
+from .tasks import all_of
 from .urls import entity_url, parse_url
 from .worker import Worker
 
 T = TypeVar("T")
 log = logging.getLogger("wakeful.client")
+
+
+@dataclasses.dataclass
+class WorkerInfo:
+    """A live worker in the registry: its id, the partitions whose leases it holds,
+    and when it last heartbeat (derived from the expiry, ``2 * lease_ttl_ms`` after it)."""
+
+    id: str
+    partitions: list[int]
+    last_heartbeat_ms: int  # ms ago
+    expires_in_ms: int
 
 
 class Runtime(PendingActions):
@@ -199,7 +211,14 @@ class Runtime(PendingActions):
             self._published_types = await self._store.published_types()
         if type_name not in self._published_types:
             known = sorted({*self.registry.names(), *self._published_types})
-            raise UnknownEntityTypeError(type_name, known)
+            error = UnknownEntityTypeError(type_name, known)
+            if not self._published_types and not await self._store.live_workers():
+                error.args = (
+                    f"{error}; no worker has registered its types on this keyspace "
+                    f"(prefix {self.settings.prefix!r}) and none runs: start "
+                    "`wakeful worker APP` (or `serve --worker`) first",
+                )
+            raise error
 
     async def send(
         self,
@@ -532,7 +551,45 @@ class Runtime(PendingActions):
             f"{url} is still {last.status} after {timeout}s (cursor {last.cursor}, last "
             f"input {last.last_input}, awaited children {last.awaited_children}, timers "
             f"{last.timers}, undelivered effects {last.undelivered})"
+            + await self._no_worker_hint(url)
         )
+
+    async def _no_worker_hint(self, url: str) -> str:
+        """``"; no worker ..."`` when no live worker holds the partition of ``url``."""
+        partition = self._store.keys.partition(url)
+        owner = await self.partition_owner(partition)
+        if owner is not None:
+            return ""
+        if not await self._store.live_workers():
+            return "; no worker runs on this keyspace: start `wakeful worker APP`"
+        return f"; no worker holds partition {partition} yet"
+
+    # -- workers ---------------------------------------------------------------
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers (registry ``<prefix>:workers``) and the partitions each holds."""
+        live = await self._store.live_workers()
+        holders = await self._store.lease_holders()
+        window = 2 * self.settings.lease_ttl_ms
+        return [
+            WorkerInfo(
+                id=worker,
+                partitions=sorted(p for p, w in holders.items() if w == worker),
+                last_heartbeat_ms=max(window - expires, 0),
+                expires_in_ms=expires,
+            )
+            for worker, expires in sorted(live)
+        ]
+
+    async def partition_owners(self) -> dict[int, str | None]:
+        """Partition -> the live worker holding its lease, or None if none serves it."""
+        live = {w for w, _ in await self._store.live_workers()}
+        holders = await self._store.lease_holders()
+        return {p: w if w in live else None for p, w in holders.items()}
+
+    async def partition_owner(self, partition: int) -> str | None:
+        """The live worker serving ``partition``, or None."""
+        return (await self.partition_owners())[partition]
 
     async def _until_notified(
         self, url: str, timeout: float, check: Callable[[], Awaitable[T | None]]
@@ -583,8 +640,55 @@ class Runtime(PendingActions):
             raise RunFailedError(url, last.status, last.error)
         return last.response or ""
 
+    async def wait_all_idle(
+        self, types: Iterable[str] | None = None, timeout: float = 30.0
+    ) -> dict[str, EntityStatus]:
+        """Wait until every entity (of ``types``, default every known type) is idle as
+        :meth:`wait_idle` means it, and return their statuses by url.
+
+        It waits on the entities' idle notices, not by polling, and lists the keyspace
+        again after each round (children spawned meanwhile count too); it returns when two
+        consecutive rounds find the same entities idle at the same positions, so nothing
+        moved in between. :class:`WaitTimeoutError` names an entity still busy."""
+        deadline = time.monotonic() + timeout
+        names = None if types is None else sorted(set(types))
+        previous: dict[str, tuple[str, str]] | None = None
+        while True:
+            urls = await (self.list() if names is None else self._urls_of(names))
+            found = await self._wait_each_idle(urls, max(deadline - time.monotonic(), 0.0))
+            positions = {url: (st.cursor, st.last_input) for url, st in found.items()}
+            if positions == previous:
+                return dict(sorted(found.items()))
+            if previous is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"the keyspace was still changing after {timeout}s "
+                    f"({len(positions)} entities, each idle when checked)"
+                )
+            previous = positions
+
+    async def _wait_each_idle(self, urls: list[str], timeout: float) -> dict[str, EntityStatus]:
+        found: dict[str, EntityStatus] = {}
+
+        async def settle(url: str) -> None:
+            found[url] = await self.wait_idle(url, timeout=timeout)
+
+        if urls:
+            await all_of([settle(url) for url in urls])
+        return found
+
+    async def _urls_of(self, types: list[str]) -> list[str]:
+        urls: list[str] = []
+        for type_name in types:
+            urls.extend(await self.list(type_name))
+        return sorted(urls)
+
     # Last, so that ``list`` in the annotations above is the builtin, not this method.
-    async def list(self, type_name: str) -> list[str]:
-        """Urls of all entities of ``type_name``."""
+    async def list(self, type_name: str | None = None) -> list[str]:
+        """Urls of all entities of ``type_name``, or of every known type (sorted)."""
+        if type_name is None:
+            urls: list[str] = []
+            for name in await self.types():
+                urls.extend(await self._store.entity_urls(name))
+            return sorted(urls)
         await self._check_type(type_name)
         return await self._store.entity_urls(type_name)

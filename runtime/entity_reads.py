@@ -126,6 +126,26 @@ class EntityReads(ScriptRunner):
         raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.types))
         return {as_str(name): manifest for name, manifest in raw.items()}
 
+    async def live_workers(self) -> list[tuple[str, int]]:
+        """``(worker id, ms until its heartbeat expires)`` of every live worker, by
+        Redis's clock (the registry ``<prefix>:workers``, score = expiry)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self.keys.workers, 0, -1, withscores=True)
+        (seconds, micros), members = await pipe.execute()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        return [(as_str(w), int(score) - now) for w, score in members if int(score) > now]
+
+    async def lease_holders(self) -> dict[int, str | None]:
+        """Partition -> the worker id whose lease it is (None: no lease held)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.get(self.keys.lease(p))
+        values = await pipe.execute()
+        return {
+            p: as_str(value).rsplit(":", 1)[0] if value else None for p, value in enumerate(values)
+        }
+
     async def published_type_names(self) -> list[str]:
         """Names of the types the workers published."""
         return [as_str(name) for name in await self.redis.hkeys(self.keys.types)]

@@ -6,6 +6,8 @@ status code below):
     GET  /                                          the web console (static, /console/)
     GET  /manifest                                  the registry's contract
     GET  /openapi.json                              this API
+    GET  /workers                                   live workers, their partitions, and the
+                                                    partitions no live worker serves
     GET  /entities/{type}                           urls of the type's entities the caller may
                                                     read, sorted (?limit=, ?after=<last url>)
     POST /entities/{type}/{id}                      create (get-or-create) {args, message}
@@ -268,6 +270,19 @@ def create_app(
         return JSONResponse(runtime.registry.manifest())
 
     @endpoint
+    async def workers(request: Request) -> Response:
+        await caller(request)
+        live = await runtime.workers()
+        owners = await runtime.partition_owners()
+        return JSONResponse(
+            {
+                "workers": [dataclasses.asdict(w) for w in live],
+                "unserved": [p for p, owner in owners.items() if owner is None],
+                "partitions": len(owners),
+            }
+        )
+
+    @endpoint
     async def openapi(request: Request) -> Response:
         return JSONResponse(OPENAPI)
 
@@ -415,6 +430,7 @@ def create_app(
             Mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console"),
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
+            Route("/workers", workers),
             Route("/entities/{type}", listing, methods=["GET"]),
             Route(base, entity_root, methods=["GET", "POST"]),
             Route(base + "/messages", send, methods=["POST"]),

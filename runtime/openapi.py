@@ -90,6 +90,12 @@ OPENAPI: dict[str, Any] = {
                 "responses": {"200": {"description": "ok"}},
             }
         },
+        "/workers": {
+            "get": {
+                "summary": "Live workers, the partitions each holds, partitions without one",
+                "responses": {"200": {"description": "ok"}, "401": _ERROR},
+            }
+        },
         "/entities/{type}/{id}": {
             "get": _op("Entity status", 400, 401, 403, 404),
             "post": _op(

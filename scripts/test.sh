@@ -3,13 +3,16 @@
 # Starts a Redis on 127.0.0.1:6379 if none answers there (installing it if needed).
 source "$(dirname "$0")/_venv.sh" test
 
+# Another install holding the package manager's lock: wait for it (10 min) instead of failing.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+
 redis_up() {
   .venv/bin/python -c "import redis,sys; sys.exit(0 if redis.Redis(socket_connect_timeout=1).ping() else 1)" 2>/dev/null
 }
 if ! redis_up; then
   if ! command -v redis-server >/dev/null 2>&1; then
     echo "installing redis-server (Debian package)"
-    (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+    (apt_get update -qq && apt_get install -y -qq redis-server) >/dev/null
   fi
   echo "starting redis-server on 127.0.0.1:6379"
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
@@ -21,7 +24,7 @@ fi
 # The web console's tests drive Debian's Chromium (no browser download).
 if [ ! -x "${WAKEFUL_CHROMIUM:-/usr/bin/chromium}" ]; then
   echo "installing chromium (Debian package) for the browser tests"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null
+  (apt_get update -qq && DEBIAN_FRONTEND=noninteractive apt_get install -y -qq chromium) >/dev/null
 fi
 
 .venv/bin/ruff check .

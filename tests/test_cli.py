@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -321,7 +322,7 @@ def test_serve_answers_http_on_the_embedded_default():
 
 def _interact(
     command: list[str], env: dict[str, str], prompt: str, answer: str | int
-) -> tuple[int, str]:
+) -> tuple[int | None, str]:
     """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
     str) or send it the signal ``answer`` (an int)."""
     import pty
@@ -353,7 +354,11 @@ def _interact(
                 answered = True
             if proc.poll() is not None and not ready:
                 break
-        return proc.wait(timeout=10), output.decode(errors="replace")
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None  # still running: the assertion shows what it printed
+        return code, output.decode(errors="replace") + f"\n[answered: {answered}]"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -378,13 +383,33 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     await worker.ask("/assistant/i2", "remember that my city is Lyon")
     env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i2", "forget my city"]
+    # The prompt itself ("approve memory {...} (<call id>)?"), not the earlier "waits for
+    # approval" line: Ctrl-C while the prompt waits for an answer.
     code, output = await asyncio.to_thread(
-        _interact, [*command, "--redis", server_url], env, "approve", signal.SIGINT
+        _interact, [*command, "--redis", server_url], env, ")?", signal.SIGINT
     )
     assert code == 130, output
     # Nothing was answered: the call still waits.
     [action] = await worker.pending_actions("/assistant/i2")
     assert action.input == {"action": "delete", "key": "city"}
+
+
+async def test_a_ctrl_c_just_before_the_prompt_is_not_lost():
+    """A Ctrl-C that lands after the last await but before the prompt installs Python's
+    own handler only asked asyncio to cancel the task: the prompt must not block then."""
+    from wakeful.cli_reply import PromptInterrupted, _prompt
+
+    def blocking_input() -> str:
+        raise AssertionError("the prompt waited for input after a Ctrl-C")
+
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()  # what asyncio's SIGINT handler does
+    try:
+        with pytest.raises(PromptInterrupted):
+            _prompt(blocking_input)
+    finally:
+        task.uncancel()
 
 
 async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
@@ -429,6 +454,7 @@ async def test_tail_follows_live_output(worker, server_url, prefix):
     )
     try:
         records = []
+        caught_up = threading.Event()  # tail printed the first run: its live position is set
 
         def read_until_second_run() -> None:
             finished = 0
@@ -436,11 +462,14 @@ async def test_tail_follows_live_output(worker, server_url, prefix):
                 records.append(json.loads(line))
                 if records[-1].get("event", {}).get("t") == "run_finished":
                     finished += 1
+                    caught_up.set()
                     if finished == 2:
                         return
 
         reader = asyncio.create_task(asyncio.to_thread(read_until_second_run))
-        await asyncio.sleep(1.0)  # let tail catch up with the first run and block
+        # tail takes the live position before it reads the log: once it printed the first
+        # run, every delta of the next one reaches it.
+        assert await asyncio.to_thread(caught_up.wait, 30), "tail never printed the first run"
         await worker.send("/assistant/l1", "calculate 2 + 2")
         await asyncio.wait_for(reader, 30)
     finally:

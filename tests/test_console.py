@@ -290,3 +290,16 @@ async def test_a_long_history_opens_at_its_end(gateway, page):
     await earlier.click()
     await page.locator(".bubble.user", has_text="remember that my color is teal").wait_for()
     assert await page.locator("#earlier").count() == 0
+
+
+async def test_the_page_says_when_no_worker_runs(cluster):
+    """Without a live worker the page says so (instead of "pending" forever); the notice
+    goes away once a worker holds every partition."""
+    rt = await cluster.runtime(registry, run_worker=False)
+    async with serving(create_app(rt)) as base, browser_page() as page:
+        await page.goto(f"{base}/")
+        await page.locator("#workers-notice", has_text="No worker is running").wait_for()
+        await cluster.runtime(registry)  # a worker joins and takes every partition
+        await page.reload()
+        await page.locator("#entity-type option[value=assistant]").wait_for(state="attached")
+        await page.wait_for_function("() => document.querySelector('#workers-notice').hidden")

@@ -7,6 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
+from tests.apps.harness import until
 from wakeful import (
     ArgsConflictError,
     Collection,
@@ -98,12 +99,15 @@ async def test_parent_keeps_taking_messages_while_children_run(cluster):
     await rt.send("/parent/p", "start")
     for i in range(3):
         await rt.send("/parent/p", f"more {i}")
-    for _ in range(200):
-        if len(seen) >= 4:
-            break
-        await asyncio.sleep(0.01)
+
+    # Handled and committed (the handler runs before its commit): the parent waits on the
+    # child with every message taken, not blocked by it.
+    async def all_taken() -> bool:
+        status = await rt.status("/parent/p")
+        return status.status == "waiting" and status.cursor == status.last_input
+
+    await until(all_taken, 30, "the parent took every message while its child runs")
     assert seen == ["start", "more 0", "more 1", "more 2"]  # not blocked by the child
-    assert (await rt.status("/parent/p")).status == "waiting"
     release.set()
     status = await rt.wait_idle("/parent/p", timeout=10)
     assert status.status == "idle"

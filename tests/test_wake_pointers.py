@@ -11,11 +11,15 @@ from wakeful import HandlerContext, Registry
 pytestmark = pytest.mark.anyio
 
 
-def app(seen: list[object], gate: asyncio.Event | None = None) -> Registry:
+def app(
+    seen: list[object], gate: asyncio.Event | None = None, started: asyncio.Event | None = None
+) -> Registry:
     reg = Registry()
 
     @reg.entity("sink")
     async def sink(ctx: HandlerContext) -> None:
+        if started is not None:
+            started.set()
         if gate is not None:
             await gate.wait()
         seen.extend(m.payload for m in ctx.wake.messages)
@@ -44,10 +48,10 @@ async def test_a_burst_of_messages_adds_one_pointer(cluster):
 
 async def test_input_that_arrives_during_a_wake_gets_a_new_pointer(cluster):
     seen: list[object] = []
-    gate = asyncio.Event()
-    rt = await cluster.runtime(app(seen, gate))
+    gate, started = asyncio.Event(), asyncio.Event()
+    rt = await cluster.runtime(app(seen, gate, started))
     await rt.send("/sink/a", "first")
-    await asyncio.sleep(0.2)  # the wake has started and waits at the gate
+    await asyncio.wait_for(started.wait(), 10)  # the wake has started and waits at the gate
     await rt.send("/sink/a", "second")  # a pointer is pending already: none is added
     gate.set()
     status = await rt.wait_idle("/sink/a", timeout=10)

@@ -764,5 +764,31 @@ document.addEventListener("selectionchange", () => {
 });
 window.addEventListener("hashchange", openFromHash);
 
+// Whether a live worker serves the keyspace (GET /workers, every few seconds): without
+// one, messages are stored but nothing handles them, so say so instead of "pending".
+const WORKERS_POLL_MS = 5000;
+async function checkWorkers() {
+  const notice = $("#workers-notice");
+  try {
+    const info = await api("GET", "/workers");
+    if (info.workers.length === 0) {
+      notice.textContent =
+        "No worker is running: messages are stored but wait until one starts " +
+        "(wakeful worker APP, or wakeful serve --worker).";
+    } else if (info.unserved.length > 0) {
+      notice.textContent =
+        `No worker serves partition(s) ${info.unserved.join(", ")} yet ` +
+        `(${info.workers.length} live worker(s)).`;
+    } else {
+      notice.textContent = "";
+    }
+  } catch {
+    notice.textContent = ""; // not allowed or unreachable: the other panels say so
+  }
+  notice.hidden = notice.textContent === "";
+  setTimeout(checkWorkers, WORKERS_POLL_MS);
+}
+
 $("#token").value = localStorage.getItem("wakeful-token") || "";
 loadTypes().then(openFromHash);
+checkWorkers();
