@@ -44,9 +44,11 @@ async def follow_entity(
     follow = follow or live
     retry_s = RETRY_FIRST_S
     while True:
+        _stop_if_cancelled()
         try:
             batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
             if batch is None and follow:
+                _stop_if_cancelled()
                 batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
         except TRANSIENT_ERRORS as exc:
             if not follow:
@@ -72,6 +74,16 @@ async def follow_entity(
                 yield decode_entry(entry_id, fields, url)
             except EventDecodeError as exc:
                 yield UndecodableRecord(entry_id, exc.reason, fields.get(b"e", b""))
+
+
+def _stop_if_cancelled() -> None:
+    """On Python 3.11 redis-py can swallow a cancellation (an ``asyncio.wait_for`` inside
+    its socket reads returns the reply instead): a follower that read on would keep its
+    canceller (a task group closing, Ctrl-C at the CLI) waiting for ever. A cancel still
+    pending on this task ends the follower at its next read."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def until_idle(

@@ -4,6 +4,7 @@ on deltas, live_position and lag."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -143,3 +144,39 @@ async def test_live_position_and_lag(cluster):
     records = [r async for r in client.stream_until_idle("/talker/t", live_after=position)]
     live = [r for r in records if isinstance(r, LiveRecord)]
     assert live and all(id_gt(r.id, position) for r in live)
+
+
+async def test_a_follower_whose_read_swallows_the_cancel_still_stops():
+    """redis-py on Python 3.11 can return a reply instead of raising a cancellation: the
+    follower must stop at its next read anyway, or whoever cancelled it waits for ever."""
+    from wakeful.following import follow_entity
+
+    reading = asyncio.Event()
+
+    class SwallowingStore:
+        async def newest_live_id(self, url: str) -> str:
+            return "0-0"
+
+        async def read_entity(self, *args: object) -> None:
+            reading.set()
+            # What a swallowed cancellation looks like: the read returns normally.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    async def follow() -> None:
+        async for _ in follow_entity(
+            SwallowingStore(),  # type: ignore[arg-type]
+            "/t/a",
+            after=None,
+            follow=True,
+            live=False,
+            live_after=None,
+            block_ms=1000,
+        ):
+            pass
+
+    task = asyncio.create_task(follow())
+    await reading.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
