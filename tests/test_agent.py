@@ -435,23 +435,11 @@ async def test_a_lost_lease_ends_the_wake_even_if_the_handler_catches_exception(
     swallowed: list[BaseException] = []
     ended = asyncio.Event()
 
-    def respond(request: ModelRequest) -> ModelResponse:
-        if any(m["role"] == "assistant" for m in request.messages):
-            return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
-        trip = {"type": "tool_use", "id": "t1", "name": "trip", "input": {}}
-        return ModelResponse(content=[trip], stop_reason="tool_use")
-
     reg = Registry()
 
     @reg.entity("bot")
     async def bot(ctx: HandlerContext) -> None:
-        async def trip(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
-            # What the worker does when it loses the partition's lease mid-wake.
-            signal.cancel("the partition lease was lost", kind="lease")
-            return ToolResult("tripped")
-
-        tool = AgentTool("trip", "Trips the lease.", {"type": "object"}, trip)
-        ctx.use_agent(system_prompt="You trip.", model=ScriptedModel(respond), tools=[tool])
+        _use_lease_tripping_agent(ctx)
         try:
             await ctx.agent.run()
         except Exception as exc:  # the broad catch a handler may well have
@@ -464,12 +452,7 @@ async def test_a_lost_lease_ends_the_wake_even_if_the_handler_catches_exception(
     await rt.send("/bot/b", "go")
     await asyncio.wait_for(ended.wait(), 15)
 
-    async def interrupted() -> bool:
-        return any(
-            "interrupted" in r.getMessage() and "/bot/b" in r.getMessage() for r in caplog.records
-        )
-
-    await until(interrupted, 15, "the worker to end the wake as interrupted")
+    await _until_interrupted(caplog, "/bot/b")
     assert swallowed == [], "except Exception must not catch the interruption"
     assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]
 
@@ -482,22 +465,11 @@ async def test_an_interruption_inside_a_handler_s_task_group_ends_only_that_wake
     serving other entities (the group must not escape into the worker's runner group)."""
     caplog.set_level(logging.INFO, logger="wakeful")
 
-    def respond(request: ModelRequest) -> ModelResponse:
-        if any(m["role"] == "assistant" for m in request.messages):
-            return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
-        trip = {"type": "tool_use", "id": "t1", "name": "trip", "input": {}}
-        return ModelResponse(content=[trip], stop_reason="tool_use")
-
     reg = Registry()
 
     @reg.entity("bot")
     async def bot(ctx: HandlerContext) -> None:
-        async def trip(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
-            signal.cancel("the partition lease was lost", kind="lease")
-            return ToolResult("tripped")
-
-        tool = AgentTool("trip", "Trips the lease.", {"type": "object"}, trip)
-        ctx.use_agent(system_prompt="You trip.", model=ScriptedModel(respond), tools=[tool])
+        _use_lease_tripping_agent(ctx)
         async with asyncio.TaskGroup() as group:
             group.create_task(ctx.agent.run())
 
@@ -509,11 +481,33 @@ async def test_an_interruption_inside_a_handler_s_task_group_ends_only_that_wake
     rt = await cluster.runtime(reg)
     await rt.send("/bot/b", "go")
 
+    await _until_interrupted(caplog, "/bot/b")
+    assert await asyncio.wait_for(rt.ask("/echo/e", "still serving"), 15) == "still serving"
+    assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]
+
+
+def _use_lease_tripping_agent(ctx: HandlerContext) -> None:
+    """An agent whose one tool does what the worker does when it loses the partition's
+    lease mid-wake: it sets the wake's signal with kind "lease"."""
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        if any(m["role"] == "assistant" for m in request.messages):
+            return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+        trip = {"type": "tool_use", "id": "t1", "name": "trip", "input": {}}
+        return ModelResponse(content=[trip], stop_reason="tool_use")
+
+    async def trip(call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
+        signal.cancel("the partition lease was lost", kind="lease")
+        return ToolResult("tripped")
+
+    tool = AgentTool("trip", "Trips the lease.", {"type": "object"}, trip)
+    ctx.use_agent(system_prompt="You trip.", model=ScriptedModel(respond), tools=[tool])
+
+
+async def _until_interrupted(caplog: pytest.LogCaptureFixture, url: str) -> None:
     async def interrupted() -> bool:
         return any(
-            "interrupted" in r.getMessage() and "/bot/b" in r.getMessage() for r in caplog.records
+            "interrupted" in r.getMessage() and url in r.getMessage() for r in caplog.records
         )
 
     await until(interrupted, 15, "the worker to end the wake as interrupted")
-    assert await asyncio.wait_for(rt.ask("/echo/e", "still serving"), 15) == "still serving"
-    assert not [r async for r in rt.events("/bot/b") if isinstance(r.event, RunFinished)]
