@@ -124,7 +124,8 @@ class Runtime(PendingActions):
         ttl_ms = s.idempotency_ttl_s * 1000
         self.store = Store(self._redis, keys, idempotency_ttl_ms=ttl_ms)
         self._notices = Notices(self._redis)
-        await self.store.setup()
+        # A worker is a daemon: it waits for a Redis that is not up yet; a client fails.
+        await self.store.setup(wait_for_redis=self._run_worker)
         if self._run_worker:
             worker_store = self.store
             if self._worker_redis is not None:
@@ -355,8 +356,18 @@ class Runtime(PendingActions):
         moves the cursor past the inputs of the failure (dead-lettering them). Returns
         the ids of the inputs skipped (none without ``skip_failed``)."""
         not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
-        if not (await self._entity_meta(url)).parked:
+        meta = await self._entity_meta(url)
+        if not meta.parked:
             raise not_failed
+        # Resume rewrites ``attempts``; any other unreadable field stays, and the cursor
+        # (or an outbox mark) decides which inputs run again: refuse rather than guess.
+        if [name for name in meta.bad_fields() if name != "attempts"]:
+            problems = meta.problems()
+            raise WakefulError(
+                f"cannot resume {url}: its metadata is corrupted ({'; '.join(problems)}), "
+                "so the runtime cannot tell which inputs were handled; repair the field "
+                "in Redis or delete the entity"
+            )
         skipped: list[str] = []
         if skip_failed:
             failure = await self._last_failure(url)

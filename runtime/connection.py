@@ -51,6 +51,20 @@ def connect(
     return Redis.from_pool(BlockingConnectionPool.from_url(url, **options))
 
 
+def dedicated(redis: Redis, max_connections: int) -> Redis:
+    """A client of the same server as ``redis`` with a small pool of its own: traffic
+    that must never queue behind other callers (lease renewal) gets connections that
+    no one else takes."""
+    pool = redis.connection_pool
+    own = BlockingConnectionPool(
+        connection_class=pool.connection_class,
+        max_connections=max_connections,
+        timeout=getattr(pool, "timeout", None),
+        **pool.connection_kwargs,
+    )
+    return Redis.from_pool(own)
+
+
 def block_ms(redis: Redis, requested: int) -> int:
     """How long a blocking read on ``redis`` may block: ``requested``, but at most half
     the socket timeout of its connections, so that the reply always comes in time

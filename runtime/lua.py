@@ -18,9 +18,11 @@ _ID_GT = """
 local function id_gt(a, b)
   if not a then return false end
   if not b then return true end
+  -- a malformed id (a corrupted field) counts as 0-0: never a Lua error mid-script
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
+  am, bm = tonumber(am) or 0, tonumber(bm) or 0
+  as, bs = as or 0, bs or 0
   if am ~= bm then return am > bm end
   return tonumber(as) > tonumber(bs)
 end

@@ -66,6 +66,7 @@ class EntityMeta(msgspec.Struct, frozen=True):
     pending_actions: int  # field "actions": tool calls waiting for an answer
     has_pointer: bool  # field "woke": a wake pointer is pending in the inbox
     corrupt: str = ""  # fields that could not be read (taken as 0 or replaced), if any
+    corrupt_fields: tuple[str, ...] = ()  # their names
 
     @property
     def parked(self) -> bool:
@@ -79,8 +80,23 @@ class EntityMeta(msgspec.Struct, frozen=True):
     def problems(self) -> list[str]:
         """What is wrong with the stored fields (empty if nothing). Checked when reading
         the metadata failed, not on every wake."""
-        out = [self.corrupt] if self.corrupt else []
-        ids = {
+        return ([self.corrupt] if self.corrupt else []) + self.bad_positions()
+
+    def bad_fields(self) -> list[str]:
+        """The names of the fields :meth:`problems` reports."""
+        ids = self._positions()
+        return [*self.corrupt_fields, *(n for n, v in ids.items() if not _STREAM_ID.fullmatch(v))]
+
+    def bad_positions(self) -> list[str]:
+        """The stream-id fields (cursor, outbox marks) that are not stream ids."""
+        return [
+            f"field {name!r} is {value!r}, not a stream id"
+            for name, value in self._positions().items()
+            if not _STREAM_ID.fullmatch(value)
+        ]
+
+    def _positions(self) -> dict[str, str]:
+        return {
             "cursor": self.cursor,
             "last_in": self.last_input,
             "out_last": self.out_last,
@@ -88,10 +104,6 @@ class EntityMeta(msgspec.Struct, frozen=True):
             "snap_out": self.snapshot_out,
             "snap_upto": self.snapshot_upto or ZERO,
         }
-        for name, value in ids.items():
-            if not _STREAM_ID.fullmatch(value):
-                out.append(f"field {name!r} is {value!r}, not a stream id")
-        return out
 
 
 def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
@@ -134,14 +146,14 @@ def _parse_meta(fields: dict[str, bytes]) -> EntityMeta:
 def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
     """:func:`parse_meta` for a hash with a corrupted field: what cannot be read is
     replaced (text) or taken as 0 (numbers), and named in ``corrupt``."""
-    problems: list[str] = []
+    problems: dict[str, str] = {}
 
     def text(name: str, default: bytes = b"") -> str:
         raw = fields.get(name) or default
         try:
             return raw.decode()
         except UnicodeDecodeError:
-            problems.append(f"field {name!r} is {raw!r}, not UTF-8")
+            problems[name] = f"field {name!r} is {raw!r}, not UTF-8"
             return raw.decode(errors="replace")
 
     def number(name: str) -> int:
@@ -149,7 +161,7 @@ def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
         try:
             return int(raw)
         except ValueError:
-            problems.append(f"field {name!r} is {raw!r}, not a number")
+            problems[name] = f"field {name!r} is {raw!r}, not a number"
             return 0
 
     return EntityMeta(
@@ -171,5 +183,6 @@ def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
         timers=number("timers"),
         pending_actions=number("actions"),
         has_pointer=bool(fields.get("woke")),
-        corrupt="; ".join(problems),
+        corrupt="; ".join(problems.values()),
+        corrupt_fields=tuple(problems),
     )

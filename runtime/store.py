@@ -81,6 +81,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
 
 log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
+UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
 
 # Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too): callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -178,31 +179,38 @@ class Store(EntityReads):
 
     # -- setup ---------------------------------------------------------------
 
-    async def _until_loaded(self) -> None:
-        """Load the scripts, retrying while Redis answers ``LOADING``; a warning says so
-        at once and every :data:`LOADING_NOTICE_S` seconds."""
+    async def _until_loaded(self, wait_for_redis: bool) -> None:
+        """Load the scripts, retrying while Redis answers ``LOADING`` (and, with
+        ``wait_for_redis``, while it cannot be reached); a warning says so at once and
+        every :data:`LOADING_NOTICE_S` seconds."""
         since = time.monotonic()
-        said = None
+        said: float | None = None
         while True:
             try:
                 await self.load_scripts()
                 if said is not None:
-                    log.warning("Redis has loaded its dataset; going on")
+                    log.warning("Redis answers; going on")
                 return
-            except BusyLoadingError:
+            except (BusyLoadingError, *TRANSIENT_ERRORS) as exc:
+                if not (wait_for_redis or isinstance(exc, BusyLoadingError)):
+                    raise
                 waited = time.monotonic() - since
                 if said is None or waited - said >= LOADING_NOTICE_S:
                     said = waited
-                    log.warning(
-                        "Redis is loading its dataset into memory; waiting (%.0f s so far)",
-                        waited,
+                    why = (
+                        "Redis is loading its dataset into memory"
+                        if isinstance(exc, BusyLoadingError)
+                        else f"cannot reach Redis ({exc})"
                     )
-                await asyncio.sleep(LOADING_RETRY_S)
+                    log.warning("%s; waiting (%.0f s so far)", why, waited)
+                loading = isinstance(exc, BusyLoadingError)
+                await asyncio.sleep(LOADING_RETRY_S if loading else UNREACHABLE_RETRY_S)
 
-    async def setup(self) -> None:
+    async def setup(self, *, wait_for_redis: bool = False) -> None:
         """Load the scripts and check the partition count against the keyspace. While
-        Redis is still loading its dataset (after a restart) wait, saying so."""
-        await self._until_loaded()
+        Redis is still loading its dataset (after a restart) wait, saying so; with
+        ``wait_for_redis`` (a worker) also while Redis cannot be reached."""
+        await self._until_loaded(wait_for_redis)
         await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
         stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
         if stored != self.keys.partitions:

@@ -29,7 +29,9 @@ from . import leases as lease_room
 from .cache import WarmCache
 from .capabilities import Capability
 from .config import Settings
+from .connection import dedicated
 from .delivery import Delivery
+from .errors import ConfigError
 from .leases import Lease, LeaseKeeper
 from .listeners import Listeners
 from .pipeline import WakePipeline
@@ -41,6 +43,7 @@ from .tasks import first_error
 from .ticket import WakeTicket
 
 log = logging.getLogger("wakeful.worker")
+LEASE_CONNECTIONS = 2  # the lease loop's own pool: a tick runs one command at a time
 
 
 class Worker:
@@ -86,7 +89,12 @@ class Worker:
             fault=self._fault,
             done=self.runners.done,
         )
-        self.lease_keeper = LeaseKeeper(store, settings, self.id, self.runners)
+        # Lease renewal never queues behind the runners' commands: its own two connections.
+        self._lease_redis = dedicated(store.redis, LEASE_CONNECTIONS)
+        lease_store = Store(
+            self._lease_redis, store.keys, idempotency_ttl_ms=store.idempotency_ttl_ms
+        )
+        self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
         self.listeners = Listeners(
             store, settings, self.id, self.lease_keeper, self.runners, self._fault
         )
@@ -121,10 +129,18 @@ class Worker:
         try:
             await self._run()
         finally:
+            with anyio.CancelScope(shield=True):
+                await self._lease_redis.aclose()
             self.stopped.set()
 
     async def _run(self) -> None:
-        await self.store.setup()
+        if not self.registry.names():
+            # It would lease partitions and park every entity there as of an unknown type.
+            raise ConfigError(
+                "the worker's registry has no entity types; register at least one "
+                "(@registry.entity(...)) before starting a worker"
+            )
+        await self.store.setup(wait_for_redis=True)
         await self.store.publish_types(
             {t.name: msgspec.json.encode(t.manifest()) for t in self.registry}
         )

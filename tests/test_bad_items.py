@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from tests.apps.harness import until
-from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings
+from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings, WakefulError
 from wakeful.keys import GROUP
 
 pytestmark = pytest.mark.anyio
@@ -174,6 +174,43 @@ async def test_corrupted_metadata_parks_the_entity_with_the_error_in_its_status(
     failed = [r async for r in rt.events(url) if isinstance(r.event, EntityFailed)]
     assert len(failed) == 1
     await assert_lease_kept(rt, p)
+
+
+@pytest.mark.parametrize("field", ["cursor", "out_done"])
+async def test_resume_refuses_an_entity_whose_positions_are_corrupted(cluster, field):
+    """The cursor says which inputs were handled: resume must not guess it (and the
+    script must not fail half-way on it)."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    url = url_in(rt, 1)
+    await served(rt, url, "first", seen)
+    await rt.wait_idle(url)
+    await rt.store.redis.hset(rt.store.keys.meta(url), field, "garbage")
+    await rt.send(url, "second")
+    await until(lambda: _status_is(rt, url, "failed"), 10, f"{url} to be parked")
+    log_length = await rt.store.redis.xlen(rt.store.keys.log(url))
+    with pytest.raises(WakefulError, match=f"cannot resume {url}: .*'{field}' is 'garbage'"):
+        await rt.resume(url)
+    assert await rt.store.redis.xlen(rt.store.keys.log(url)) == log_length  # nothing written
+    assert (await rt.status(url)).status == "failed"
+
+
+async def test_resume_repairs_a_corrupted_attempt_count(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    url = url_in(rt, 1)
+    await served(rt, url, "first", seen)
+    await rt.wait_idle(url)
+    await rt.store.redis.hset(rt.store.keys.meta(url), "attempts", "x")
+    await rt.send(url, "second")
+    await until(lambda: _status_is(rt, url, "failed"), 10, f"{url} to be parked")
+    await rt.resume(url)
+    await served(rt, url, "third", seen)
+    assert seen[-2:] == ["second", "third"]
+
+
+async def _status_is(rt: Runtime, url: str, status: str) -> bool:
+    return (await rt.store.meta(url)).get("status") == status.encode()
 
 
 async def test_a_timer_that_keeps_failing_to_fire_is_moved_aside(cluster):

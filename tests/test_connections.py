@@ -28,7 +28,7 @@ import uvicorn
 
 from tests.apps import quiet
 from tests.apps.harness import free_port, until
-from wakeful import Registry, Runtime, Settings
+from wakeful import ConfigError, Registry, Runtime, Settings
 from wakeful.gateway import bearer_tokens, create_app
 
 pytestmark = pytest.mark.anyio
@@ -349,6 +349,117 @@ async def test_a_worker_started_while_redis_loads_waits_and_says_so(tmp_path, pr
                 proc.kill()
                 proc.wait(timeout=10)
         probe.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+async def test_a_worker_started_before_redis_answers_waits_and_says_so(tmp_path, prefix):
+    """A worker is a daemon: started while Redis is down (a restart, a boot order), it
+    waits with a visible message instead of exiting, and serves once Redis is up."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    log_path = tmp_path / "worker.log"
+    server = None
+    with open(log_path, "wb") as log_file:
+        worker = subprocess.Popen(
+            cli(url, prefix, "worker", "tests.apps.quiet:registry"),
+            cwd=ROOT,
+            env=cli_env(prefix),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        async def said_unreachable() -> bool:
+            if worker.poll() is not None:
+                raise AssertionError(f"worker exited {worker.returncode}: {log_path.read_text()}")
+            return "cannot reach Redis" in log_path.read_text()
+
+        await until(said_unreachable, 60, "the worker to say that Redis is down", interval=0.1)
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )
+        probe = sync_redis.Redis(port=port, socket_timeout=5)
+
+        def answers() -> bool:
+            with contextlib.suppress(sync_redis.ConnectionError):
+                return bool(probe.ping())
+            return False
+
+        await until(lambda: asyncio.to_thread(answers), 10, "redis-server to start")
+        probe.close()
+        client = Runtime(Registry(), settings=settings(url, prefix), run_worker=False)
+        async with client:
+
+            async def published() -> bool:
+                return "echo" in await client.types()
+
+            await until(published, 60, "the worker to start once Redis is up", interval=0.1)
+            assert await asyncio.wait_for(client.ask("/echo/late", "hi"), 60) == "echo hi"
+        assert worker.poll() is None
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0, log_path.read_text()
+    finally:
+        for proc in (worker, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+async def test_a_worker_with_no_entity_types_refuses_to_start(server_url, prefix):
+    """It would lease partitions and park every entity there as of an unknown type."""
+    rt = Runtime(Registry(), settings=settings(server_url, prefix), run_worker=True)
+    with pytest.raises(ConfigError, match="no entity types"):
+        async with rt:
+            pass
+
+
+async def test_lease_renewal_never_waits_behind_the_workers_other_commands(server_url, prefix):
+    """Every connection of the worker's pool taken (runners busy with long commands):
+    the lease loop has connections of its own and renews on time."""
+    rt = Runtime(
+        quiet.registry,
+        settings=settings(server_url, prefix, max_connections=4, max_event_streams=2),
+        run_worker=True,
+    )
+    async with rt:
+        await rt.ask("/echo/warm", "first")
+        worker = rt.worker
+        assert worker is not None
+        pool = worker.store.redis.connection_pool
+        taken: list[object] = []
+
+        async def take_every_connection() -> None:
+            """Hold each connection as it comes free (the inbox reader's once its blocking
+            read returns); the cancel listener's subscription keeps its own."""
+            while True:
+                with contextlib.suppress(sync_redis.ConnectionError):
+                    taken.append(await pool.get_connection())
+
+        hog = asyncio.create_task(take_every_connection())
+        try:
+            await until(lambda: _true(len(taken) >= 2), 30, "the hog to hold connections")
+            before = {p: lease.valid_until for p, lease in worker.leases.items()}
+            assert before
+
+            async def renewed() -> bool:
+                now = worker.leases
+                return now.keys() == before.keys() and all(
+                    now[p].valid_until > before[p] for p in before
+                )
+
+            await until(renewed, 30, "the worker to renew every lease", interval=0.05)
+        finally:
+            hog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hog
+            for connection in taken:
+                await pool.release(connection)
+        assert await rt.ask("/echo/warm", "second") == "echo second"
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 # -- item 9: the gateway's event streams and its worker ---------------------------------
