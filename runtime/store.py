@@ -81,7 +81,6 @@ __all__ = [  # the scripts too, for tests that run them one by one
 
 log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
-UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
 
 # Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too): callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -89,6 +88,9 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisTimeoutError,
     OSError,
 )
+# What a worker waits out at its start (a Redis restarting, loading, not up yet).
+WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
+UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +193,7 @@ class Store(EntityReads):
                 if said is not None:
                     log.warning("Redis answers; going on")
                 return
-            except (BusyLoadingError, *TRANSIENT_ERRORS) as exc:
+            except WAIT_AT_START as exc:
                 if not (wait_for_redis or isinstance(exc, BusyLoadingError)):
                     raise
                 waited = time.monotonic() - since
