@@ -172,7 +172,9 @@ for _ = 1, n_events do
   i = i + 2
 end
 if n_acks > 0 then
+  -- Acknowledged pointers leave the inbox: it holds only what is pending.
   redis.call('XACK', inbox, group, unpack(ARGV, i, i + n_acks - 1))
+  redis.call('XDEL', inbox, unpack(ARGV, i, i + n_acks - 1))
   i = i + n_acks
 end
 if cursor ~= '' then
@@ -327,7 +329,10 @@ redis.call('DEL', meta, snap, actions, live)
 redis.call('XTRIM', log, 'MAXLEN', 0)
 redis.call('PEXPIRE', log, 60000)
 redis.call('SREM', typeset, url)
-if #ARGV >= first_ack then redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV)) end
+if #ARGV >= first_ack then
+  redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV))
+  redis.call('XDEL', inbox, unpack(ARGV, first_ack, #ARGV))
+end
 redis.call('PUBLISH', channel, 'deleted')
 return 1
 """

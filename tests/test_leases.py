@@ -73,7 +73,7 @@ async def test_commit_with_a_stale_token_is_fenced_and_changes_nothing(cluster, 
     await store.commit(url, new, **commit)
     assert len(await store.read_log(url)) == len(log_before) + 1
     assert (await store.meta(url))["cursor"].decode() == log_before[-1][0]
-    assert await inbox_view(store, p) == (0, 1)
+    assert await inbox_view(store, p) == (0, 0)  # acknowledged and gone from the inbox
 
 
 async def test_timer_and_delete_scripts_refuse_a_stale_token(cluster):

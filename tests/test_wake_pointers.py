@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.apps.harness import until
 from wakeful import HandlerContext, Registry
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +76,35 @@ async def test_resume_adds_no_second_pointer_to_a_parked_entity_that_has_one(clu
     assert (await client.wait_idle("/sink/a", timeout=10)).status == "idle"
     assert seen == ["kept"]
     assert "woke" not in await client.store.meta("/sink/a")
+
+
+async def test_an_idle_keyspace_has_empty_inboxes(cluster):
+    """Acknowledged pointers leave the inbox (bounded memory): after messages, outbox
+    deliveries to other entities, a timer and a delete, every inbox is empty."""
+    reg = Registry()
+
+    @reg.entity("relay")
+    async def relay(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "ping":
+                await ctx.send("/relay/" + ctx.entity_id + "-echo", "pong")
+                await ctx.send(ctx.entity_url, "later", after=0.05)
+
+    rt = await cluster.runtime(reg)
+    urls = [f"/relay/e{i}" for i in range(20)]
+    for url in urls:
+        await rt.send(url, "ping")
+        await rt.send(url, "again")
+    await rt.wait_idle(urls[0], timeout=30)
+    await rt.delete(urls[1])
+
+    await rt.wait_all_idle(timeout=30)
+
+    async def inboxes_empty() -> bool:
+        keys = rt.store.keys
+        lengths = [await rt.store.redis.xlen(keys.inbox(p)) for p in range(keys.partitions)]
+        return sum(lengths) == 0
+
+    await until(inboxes_empty, 30, "every inbox to be empty once the keyspace is idle")
+    echoes = [(await rt.status(f"{u}-echo")).status for u in urls[2:]]
+    assert echoes == ["idle"] * len(urls[2:])
