@@ -193,3 +193,14 @@ async def test_a_client_that_may_not_publish_a_cancel_still_records_it(server, r
         line = await logged(caplog, "Redis refused to publish the cancel request of /echo/e4")
     assert "needs the channel right &wk:cancel:*" in line
     assert event_id in [r.id async for r in client.events("/echo/e4")]
+
+
+async def test_a_client_that_may_not_subscribe_to_notices_still_waits(server, runtimes, caplog):
+    await start(runtimes, set_user(server, "w2", *ALL_BUT_CHANNELS, "&*"), worker=True)
+    client = await start(
+        runtimes, set_user(server, "c2", *ALL_BUT_CHANNELS, "&wk:cancel:*"), worker=False
+    )
+    with caplog.at_level(logging.WARNING, logger="wakeful"):
+        assert await client.ask("/echo/e5", "hi", timeout=30) == "echo hi"
+        line = await logged(caplog, "Redis refused to subscribe to wk:idle:/echo/e5")
+    assert "needs the channel right &wk:idle:*" in line

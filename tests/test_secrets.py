@@ -99,6 +99,22 @@ def test_log_lines_are_redacted():
     assert PASSWORD not in line
 
 
+def test_the_cli_log_handler_redacts_every_line(capsys):
+    from wakeful.cli import _log_redacted
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        _log_redacted(logging.INFO, url_secrets(f"redis://:{PASSWORD}@h"))
+        logging.getLogger("wakeful.test").info("lost %s (%s)", f"redis://:{PASSWORD}@h", PASSWORD)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert "lost redis://:***@h (***)" in err
+    assert PASSWORD not in err
+
+
 # -- tokens --------------------------------------------------------------------------
 
 
