@@ -33,6 +33,7 @@ import shlex
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,11 +43,13 @@ import redis.exceptions
 from . import terminal
 from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
 from .cli_reply import PromptInterrupted, follow_reply, identity_of
+from .cli_tokens import TOKENS_VAR, load_tokens
 from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
 from .events import LogRecord
 from .live import LiveRecord
+from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .registry import Registry
 from .status import EntityStatus
 from .tasks import first_error, first_of
@@ -76,7 +79,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     url = settings.redis_url
     if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
         raise WakefulError(
-            f"Redis URL {url!r} must start with redis://, rediss:// or unix:// "
+            f"Redis URL {redact_url(url)!r} must start with redis://, rediss:// or unix:// "
             "(from --redis or WAKEFUL_REDIS_URL)"
         )
     return settings
@@ -106,7 +109,7 @@ async def _worker(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         raise WakefulError("wakeful worker needs a Redis: pass --redis or set WAKEFUL_REDIS_URL")
     rt = Runtime(registry, settings=settings, run_worker=True)
-    with err.status(f"starting a worker on {settings.redis_url}"):
+    with err.status(f"starting a worker on {redact_url(settings.redis_url)}"):
         await rt.start()
     assert rt.worker is not None
     # Long-lived process: move start-up objects out of the collector's way; full
@@ -133,17 +136,18 @@ async def _serve(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     settings = _settings(args)
+    if args.token:
+        err.print(
+            "[yellow]warning: --token shows the token to every user of this machine (ps); "
+            f"use --token-file or {TOKENS_VAR}[/]"
+        )
+    tokens = load_tokens(args.token, args.token_file)
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
-    tokens = {}
-    for spec in args.token or []:
-        user, sep, token = spec.partition("=")
-        if not sep or not user or not token:
-            raise WakefulError(f"--token {spec!r} must be USER=TOKEN")
-        tokens[token] = {"user": user}
     app = create_app(rt, authenticate=bearer_tokens(tokens) if tokens else None)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+        # log_config=None: uvicorn logs through the root logger, whose lines are redacted
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", log_config=None)
     )
     base = f"http://{args.host}:{args.port}"
     print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
@@ -151,12 +155,14 @@ async def _serve(args: argparse.Namespace) -> int:
         live = await rt.workers()
         if live:
             print(
-                f"no worker in this process; {len(live)} live worker(s) on {settings.redis_url}",
+                f"no worker in this process; {len(live)} live worker(s) on "
+                f"{redact_url(settings.redis_url or '')}",
                 flush=True,
             )
         else:
             print(
-                f"no worker runs on {settings.redis_url}: messages wait until one starts "
+                f"no worker runs on {redact_url(settings.redis_url or '')}: messages wait "
+                "until one starts "
                 "(`wakeful worker APP`, or serve with --worker)",
                 flush=True,
             )
@@ -400,7 +406,8 @@ async def _tail(args: argparse.Namespace) -> int:
             except redis.exceptions.ConnectionError as exc:
                 if not args.follow:
                     raise
-                err.print(f"[yellow]connection lost ({exc}); resuming after {args.after}[/]")
+                lost = terminal.escape(redact(str(exc)))
+                err.print(f"[yellow]connection lost ({lost}); resuming after {args.after}[/]")
                 await asyncio.sleep(1)
     finally:
         await rt.close()
@@ -507,30 +514,55 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    redis_url = getattr(args, "redis", None) or os.environ.get("WAKEFUL_REDIS_URL") or ""
+    secrets = url_secrets(redis_url)
+    _log_redacted(logging.INFO if args.verbose else logging.WARNING, secrets)
+    if getattr(args, "redis", None) and secrets:
+        err.print(
+            "[yellow]warning: --redis shows the Redis password to every user of this "
+            "machine (ps); set WAKEFUL_REDIS_URL instead[/]"
+        )
+
+    def error(text: str) -> None:  # every error text passes the redaction
+        err.print(f"[red]error:[/] {terminal.escape(redact(text, secrets))}")
+
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except WakefulError as exc:
-        err.print(f"[red]error:[/] {terminal.escape(str(exc))}")
+        error(str(exc))
         return ERROR
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        url = _settings(args).redis_url
-        err.print(f"[red]error:[/] cannot reach Redis at {url}: {terminal.escape(str(exc))}")
+        error(f"cannot reach Redis at {redact_url(redis_url)}: {exc}")
         return UNREACHABLE
     except redis.exceptions.RedisError as exc:
-        err.print(f"[red]error:[/] Redis refused: {terminal.escape(str(exc))}")
+        error(f"Redis refused: {exc}")
         return ERROR
     except (KeyboardInterrupt, PromptInterrupted):
         if args.command == "tail" and args.after:
-            err.print(f"resume with: {_resume_command(argv, args.after)}", markup=False)
+            hint = redact(_resume_command(argv, args.after), secrets)
+            err.print(f"resume with: {hint}", markup=False)
         return INTERRUPTED
     except BrokenPipeError:  # the reader went away (`wakeful tail ... | head`): stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return BROKEN_PIPE
+    except Exception:  # a bug: its traceback, redacted like every other line printed
+        err.print(redact(traceback.format_exc(), secrets), markup=False, highlight=False)
+        return ERROR
+
+
+def _log_redacted(level: int, secrets: list[str]) -> None:
+    """Log to stderr as ``logging.basicConfig`` would, every line redacted (a handler
+    this set up before, in the same process, is replaced)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets)
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h.formatter, RedactingFormatter)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _resume_command(argv: Sequence[str] | None, after: str) -> str:

@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if redis:
-            p.add_argument("--redis", help="Redis URL (default: $WAKEFUL_REDIS_URL)")
+            p.add_argument(
+                "--redis",
+                help="Redis URL (default: $WAKEFUL_REDIS_URL, which keeps a password out of ps)",
+            )
         if json:
             p.add_argument("--json", action="store_true", help="print JSON")
         return p
@@ -72,7 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--worker", action="store_true", help="also run a worker in this process")
     p.add_argument(
-        "--token", action="append", metavar="USER=TOKEN", help="accept Bearer TOKEN as USER"
+        "--token",
+        action="append",
+        metavar="USER=TOKEN",
+        help="accept Bearer TOKEN as USER (visible in ps: prefer --token-file or $WAKEFUL_TOKENS)",
+    )
+    p.add_argument(
+        "--token-file", metavar="PATH", help="USER=TOKEN lines (# comments), one token a line"
     )
     p = command("send", "send a message to an entity (creating it)")
     p.add_argument("url")

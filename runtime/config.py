@@ -9,6 +9,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .events import DEFAULT_MAX_EVENT_BYTES
+from .redaction import redact_url
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class Settings:
     ``redis_url=None`` selects the embedded default: an in-process fakeredis.
     """
 
-    redis_url: str | None = None
+    redis_url: str | None = dataclasses.field(default=None, repr=False)  # see __repr__
     prefix: str = "wk"
     partitions: int = 16
     lease_ttl_ms: int = 5000
@@ -70,6 +71,14 @@ class Settings:
                 f"max_connections ({self.max_connections}): each open event stream holds "
                 "a connection while it waits"
             )
+
+    def __repr__(self) -> str:
+        """The fields, with the password of ``redis_url`` redacted: settings get logged."""
+        url = None if self.redis_url is None else redact_url(self.redis_url)
+        fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
+        )
+        return f"Settings(redis_url={url!r}, {fields})"
 
     @property
     def heartbeat_ms(self) -> int:

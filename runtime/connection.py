@@ -19,6 +19,9 @@ import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 
+from .errors import ConfigError
+from .redaction import redact, redact_url, url_secrets
+
 
 class HiredisPackingConnection(Connection):
     def pack_command(self, *args: Any) -> list[bytes]:
@@ -38,7 +41,8 @@ def connect(
     pool_timeout_s: float = 20.0,
 ) -> Redis:
     """A client for ``url`` with its own queueing pool; ``redis://`` URLs pack commands
-    with hiredis. The defaults are those of :class:`~wakeful.config.Settings`."""
+    with hiredis. The defaults are those of :class:`~wakeful.config.Settings`. A
+    malformed URL is a :class:`~wakeful.errors.ConfigError` that never shows its password."""
     options: dict[str, Any] = {
         "decode_responses": False,
         "socket_timeout": socket_timeout_s,
@@ -48,7 +52,12 @@ def connect(
     }
     if url.startswith("redis://"):
         options["connection_class"] = HiredisPackingConnection
-    return Redis.from_pool(BlockingConnectionPool.from_url(url, **options))
+    try:
+        pool = BlockingConnectionPool.from_url(url, **options)
+    except ValueError as exc:  # urllib's or redis-py's words may quote the password
+        problem = redact(str(exc), url_secrets(url))
+        raise ConfigError(f"Redis URL {redact_url(url)} is malformed: {problem}") from None
+    return Redis.from_pool(pool)
 
 
 def dedicated(redis: Redis, max_connections: int) -> Redis:

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 
 import anyio
+from redis.exceptions import NoPermissionError
 
+from .acl import missing_right
 from .config import Settings
 from .leases import LeaseKeeper
 from .runners import Runners
@@ -29,6 +31,7 @@ from .store import TRANSIENT_ERRORS, BadItem, Store
 
 log = logging.getLogger("wakeful.listeners")
 FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
+CANCEL_RETRY_S = 30.0  # a cancel subscription Redis refused is tried again this much later
 
 
 class Listeners:
@@ -138,7 +141,9 @@ class Listeners:
         """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.
 
         The cancel request is also an input in the entity's log, so a wake that
-        starts later (or on another worker) still sees it."""
+        starts later (or on another worker) still sees it. That is what happens, with
+        an error logged, while the Redis user may not subscribe to the cancel channels:
+        the listener tries again every :data:`CANCEL_RETRY_S` seconds."""
         while True:
             try:
                 async with self.store.cancel_requests() as requests:
@@ -150,3 +155,14 @@ class Listeners:
             except TRANSIENT_ERRORS as exc:
                 log.warning("worker %s: cancel listener reconnecting: %s", self.worker_id, exc)
                 await anyio.sleep(0.5)
+            except NoPermissionError:
+                pattern = self.store.keys.cancel_channel("*")
+                log.error(
+                    "worker %s: %s, as written (a PSUBSCRIBE pattern is granted only by that "
+                    "very rule). Until then a cancel stops a run at its next wake, not at "
+                    "once; trying again in %.0f s",
+                    self.worker_id,
+                    missing_right(f"&{pattern}", f"subscribe to {pattern}"),
+                    CANCEL_RETRY_S,
+                )
+                await anyio.sleep(CANCEL_RETRY_S)

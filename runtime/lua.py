@@ -11,6 +11,12 @@ there is none); the commit that acknowledges pointers clears the mark and adds a
 fresh pointer if the entity still has work (input after the cursor, or
 undelivered effects). So a burst of messages to one entity costs one wake, and
 no input is ever left without a pointer.
+
+Notices (PUBLISH on an entity's idle channel) are advisory: waiters re-check the
+status every quarter second anyway. A Redis user without the right to publish
+there must not make a script fail after its writes (Lua has no rollback), so
+every notice goes through the one helper ``notify``, the script's last step,
+which uses ``redis.pcall`` and reports a refusal in the script's reply instead.
 """
 
 # Stream ids compare as (ms, seq) number pairs.
@@ -25,6 +31,16 @@ local function id_gt(a, b)
   as, bs = as or 0, bs or 0
   if am ~= bm then return am > bm end
   return tonumber(as) > tonumber(bs)
+end
+"""
+
+# The one way a script publishes: last, after every write, and never failing the script.
+# A refused PUBLISH (the Redis user lacks the channel right) comes back as false, and the
+# script says so in its reply; the writes before it stand.
+_NOTIFY = """
+local function notify(channel, message)
+  local reply = redis.pcall('PUBLISH', channel, message)
+  return not (type(reply) == 'table' and reply.err)
 end
 """
 
@@ -118,10 +134,12 @@ return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count)}
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
-# -> {'OK', ids...} | {'FENCED'} | {'GONE'}
+# -> {'OK', ids...} | {'UNNOTIFIED', ids...} committed, its notice refused (see
+#    notify) | {'FENCED'} | {'GONE'}
 COMMIT = (
     _ID_GT
     + _ENSURE_POINTER
+    + _NOTIFY
     + """
 local lease = KEYS[1]                 -- the partition lease
 local log = KEYS[2]                   -- the entity's log
@@ -221,7 +239,7 @@ if snapshot ~= '' then
   redis.call('SET', snap, snapshot)
   redis.call('HSET', meta, 'snap_upto', snapshot_seen, 'snap_out', last_out)
 end
-if changed then redis.call('PUBLISH', channel, cursor) end
+if changed and not notify(channel, cursor) then out[1] = 'UNNOTIFIED' end
 return out
 """
 )
@@ -304,8 +322,10 @@ redis.call('XADD', bad, 'MAXLEN', '~', 10000, '*', 'kind', kind, 'key', source,
 return 1
 """
 
-# -> 1 deleted | 0 gone | -1 fenced
-DELETE = """
+# -> 1 deleted | 2 deleted, its notice refused (see notify) | 0 gone | -1 fenced
+DELETE = (
+    _NOTIFY
+    + """
 local lease = KEYS[1]       -- the partition lease
 local log = KEYS[2]         -- the entity's log
 local meta = KEYS[3]        -- the entity's metadata hash
@@ -333,9 +353,10 @@ if #ARGV >= first_ack then
   redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV))
   redis.call('XDEL', inbox, unpack(ARGV, first_ack, #ARGV))
 end
-redis.call('PUBLISH', channel, 'deleted')
+if not notify(channel, 'deleted') then return 2 end
 return 1
 """
+)
 
 # Un-park a failed entity: it becomes active, its cursor moves past the inputs to skip
 # (dead-lettered), the Resumed event is logged and the entity gets a wake pointer.

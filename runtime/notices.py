@@ -18,7 +18,9 @@ import logging
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import NoPermissionError
 
+from .acl import Refusals, missing_right
 from .tasks import OwnedTasks
 
 log = logging.getLogger("wakeful.notices")
@@ -32,6 +34,7 @@ class Notices:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._lock = asyncio.Lock()
         self._tasks = OwnedTasks(log)
+        self._refusals = Refusals(log, logging.WARNING)
 
     async def watch(self, channel: str) -> asyncio.Event:
         """Start watching ``channel``; the returned event is set on each notice.
@@ -68,6 +71,14 @@ class Notices:
                 message = await self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=1.0
                 )
+            except NoPermissionError:  # a SUBSCRIBE refused: the waiters poll
+                channel = next(iter(self._waiters), "<prefix>:idle:")
+                pattern = channel.partition(":idle:")[0] + ":idle:*"  # of <prefix>:idle:<url>
+                refused = missing_right(f"&{pattern}", f"subscribe to {channel}")
+                self._refusals.report(
+                    f"{refused}; waits see changes when they re-check (a quarter second)"
+                )
+                continue
             except Exception as exc:  # waiters fall back to re-checking the status
                 log.warning("idle notices interrupted: %s", exc)
                 await asyncio.sleep(0.1)

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import BusyLoadingError, ResponseError
+from redis.exceptions import BusyLoadingError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from .acl import Refusals, missing_right
 from .connection import block_ms as block_ms_for
 from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
@@ -178,6 +179,8 @@ class Store(EntityReads):
     def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
         super().__init__(redis, keys)
         self.idempotency_ttl_ms = idempotency_ttl_ms
+        self._refused_notices = Refusals(log)
+        self._refused_cancels = Refusals(log, logging.WARNING)
 
     # -- setup ---------------------------------------------------------------
 
@@ -269,8 +272,17 @@ class Store(EntityReads):
         return SendResult(event_id, created_id, code == 1)
 
     async def publish_cancel(self, url: str, reason: str) -> None:
-        """Tell the worker running ``url`` (if any) to stop its run now."""
-        await self.redis.publish(self.keys.cancel_channel(url), reason)
+        """Tell the worker running ``url`` (if any) to stop its run now. A Redis user
+        without the right to is logged, not raised: the cancel request is in the log."""
+        try:
+            await self.redis.publish(self.keys.cancel_channel(url), reason)
+        except NoPermissionError:
+            refused = missing_right(
+                f"&{self.keys.cancel_channel('*')}", f"publish the cancel request of {url}"
+            )
+            self._refused_cancels.report(
+                f"{refused}; the run is cancelled when a worker next reads its inputs"
+            )
 
     async def resume(self, url: str, resumed: bytes, skipped: Sequence[str] = ()) -> bool:
         """Un-park a failed entity (RESUME script): active again, the cursor moved past
@@ -357,7 +369,20 @@ class Store(EntityReads):
             raise FencedError(f"commit for {url} refused: lease {token} of partition {p} is lost")
         if status == "GONE":
             raise EntityGoneError(url)
+        if status == "UNNOTIFIED":
+            self._notice_refused(url, "commit")
         return [as_str(i) for i in reply[1:]]
+
+    def _notice_refused(self, url: str, what: str) -> None:
+        """A script applied its writes but Redis refused its idle notice (see ``notify``
+        in lua.py): say what to grant; waiters still see the change when they re-check."""
+        refused = missing_right(
+            f"&{self.keys.idle_channel('*')}", f"publish the idle notice of {url}"
+        )
+        self._refused_notices.report(
+            f"{refused}; the {what} is applied, and waiting clients see it when they next "
+            "re-check (within a quarter second) instead of at once"
+        )
 
     async def delete(self, url: str, token: str, created: str, acks: list[str]) -> bool:
         """Fenced: delete the entity's metadata, snapshot, pending actions and live output,
@@ -381,7 +406,9 @@ class Store(EntityReads):
         )
         if int(reply) == -1:
             raise FencedError(f"delete of {url} refused: lease {token} of partition {p} is lost")
-        return int(reply) == 1
+        if int(reply) == 2:
+            self._notice_refused(url, "deletion")
+        return int(reply) in (1, 2)
 
     # -- timers --------------------------------------------------------------
 

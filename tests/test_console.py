@@ -243,6 +243,34 @@ async def test_a_reader_can_look_but_not_write(cluster):
     )
 
 
+async def test_a_link_opens_only_what_exists_and_asks_before_creating(gateway, page):
+    """A link to a missing entity (another page could link to any id) creates nothing;
+    the page asks, and creates the entity only when its button is pressed."""
+    from wakeful.errors import EntityNotFoundError
+
+    base, rt = gateway
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    await page.goto(f"{base}/console/#/notes/linked")
+    prompt = page.locator("#missing", has_text="No such entity /notes/linked. Create it?")
+    await prompt.wait_for()
+    with pytest.raises(EntityNotFoundError):
+        await rt.status("/notes/linked")
+    assert posts == []
+    assert await page.locator("#input").is_disabled()
+    # An existing entity opens from a link as before.
+    await rt.send("/notes/there", "add milk")
+    await page.goto(f"{base}/console/#/notes/there")
+    await page.wait_for_selector("#entity-title[data-connection=live]")
+    await page.locator(".bubble.user", has_text="add milk").wait_for()
+    # The button creates the missing one and opens it.
+    await page.goto(f"{base}/console/#/notes/linked")
+    await page.click("#create-entity")
+    await page.wait_for_selector("#entity-title[data-connection=live]")
+    assert (await rt.status("/notes/linked")).url == "/notes/linked"
+    assert posts == [f"{base}/entities/notes/linked"]
+
+
 async def test_switching_entities_shows_only_the_open_one(gateway, page):
     """Opening B while A is still opening leaves B's stream, and only B's, on the page."""
     base, rt = gateway

@@ -115,7 +115,11 @@ async function loadTypes() {
   }
 }
 
-async function openEntity(type, id, { full = false } = {}) {
+// Only the Open form (the user typed the id and pressed Open: `create`) or the button of
+// a missing entity's prompt creates one: a link (#/type/id, the entity list, a child)
+// opens what exists, and for a missing entity asks first, so that a link on another
+// page cannot make this console create entities in the user's name.
+async function openEntity(type, id, { full = false, create = false } = {}) {
   const url = `/${type}/${id}`;
   closeStream();
   clearTimeout(app.refreshTimer); // a refresh of the entity open before must not draw here
@@ -135,8 +139,9 @@ async function openEntity(type, id, { full = false } = {}) {
     await api("GET", entityPath(url));
   } catch (error) {
     if (error.status !== 404) return openFailed(generation, error);
+    if (!create) return offerCreate(generation, type, id);
     try {
-      await api("POST", entityPath(url), {}); // a new entity: create it
+      await api("POST", entityPath(url), {}); // a new entity, as the user asked
     } catch (createError) {
       return openFailed(generation, createError);
     }
@@ -148,6 +153,24 @@ async function openEntity(type, id, { full = false } = {}) {
   follow(url, generation, full);
   refreshPanels();
   refreshEntities();
+}
+
+function offerCreate(generation, type, id) {
+  if (generation !== app.generation) return;
+  app.url = null; // nothing is open: no panel refresh may run for it
+  showError(null);
+  $("#status").innerHTML = "<dt>entity</dt><dd>does not exist</dd>";
+  const prompt = document.createElement("div");
+  prompt.id = "missing";
+  prompt.className = "note";
+  prompt.textContent = `No such entity /${type}/${id}. Create it? `;
+  const button = document.createElement("button");
+  button.id = "create-entity";
+  button.type = "button";
+  button.textContent = "Create";
+  button.addEventListener("click", () => openEntity(type, id, { create: true }));
+  prompt.append(button);
+  $("#messages").replaceChildren(prompt);
 }
 
 function openFailed(generation, error) {
@@ -730,7 +753,7 @@ function openFromHash() {
 
 $("#open-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  openEntity($("#entity-type").value, $("#entity-id").value.trim());
+  openEntity($("#entity-type").value, $("#entity-id").value.trim(), { create: true });
 });
 $("#composer").addEventListener("submit", (e) => {
   e.preventDefault();
