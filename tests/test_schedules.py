@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.apps.harness import PrivateRedis, until
 from tests.faults import SimulatedCrash
+from tests.test_cli import run
 from wakeful import Collection, HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.errors import EntityNotFoundError, InvalidScheduleError
 from wakeful.events import LogRecord, Message, ToolOutcome
@@ -468,3 +469,40 @@ def test_a_repeated_local_hour_fires_at_both_instants():
         "2030-10-27T02:30:00+01:00",
         "2030-10-28T02:30:00+01:00",
     ]
+
+
+async def test_the_cli_sets_lists_and_deletes_schedules(server_url, prefix):
+    settings = Settings(redis_url=server_url, prefix=prefix, partitions=4)
+    rt = Runtime(recorder(), settings=settings, run_worker=False)
+    await rt.start()
+    url = "/clock/cli"
+    try:
+        await rt.send(url, "hello")
+        set_ = await run(
+            server_url, prefix, "schedules", url, "--set", "standup", "0 9 * * 1-5",
+            "--timezone", "Europe/Berlin", "--payload", "stand up", "--json",
+        )  # fmt: skip
+        assert set_.returncode == 0, set_.stderr
+        [row] = json.loads(set_.stdout)
+        assert (row["id"], row["expression"], row["payload"]) == (
+            "standup",
+            "0 9 * * 1-5",
+            "stand up",
+        )
+        assert row["next"].endswith("09:00:00+02:00") or row["next"].endswith("09:00:00+01:00")
+        listed = await run(server_url, prefix, "schedules", url)
+        assert listed.stdout.startswith("standup\t0 9 * * 1-5\tEurope/Berlin\t")
+        bad = await run(server_url, prefix, "schedules", url, "--set", "x", "0 9 * *")
+        assert bad.returncode == 1 and "'0 9 * *'" in bad.stderr
+        zone = await run(
+            server_url, prefix, "schedules", url, "--set", "x", "@daily", "--timezone", "Nowhere"
+        )
+        assert zone.returncode == 1 and "'Nowhere'" in zone.stderr
+        gone = await run(server_url, prefix, "schedules", url, "--delete", "standup")
+        assert gone.returncode == 0 and "has no recurring schedules" in gone.stdout
+        again = await run(server_url, prefix, "schedules", url, "--delete", "standup")
+        assert again.returncode == 1 and "no schedule 'standup'" in again.stderr
+        missing = await run(server_url, prefix, "schedules", "/clock/nobody")
+        assert missing.returncode == 1
+    finally:
+        await rt.close()
