@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import httpx
 import msgspec
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,6 +28,7 @@ from tests.test_cli import run
 from wakeful import Collection, HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.errors import EntityNotFoundError, InvalidScheduleError
 from wakeful.events import LogRecord, Message, ToolOutcome
+from wakeful.gateway import create_app
 from wakeful.models import ModelResponse
 from wakeful.schedules import next_occurrence_ms
 
@@ -506,3 +508,28 @@ async def test_the_cli_sets_lists_and_deletes_schedules(server_url, prefix):
         assert missing.returncode == 1
     finally:
         await rt.close()
+
+
+async def test_schedules_over_http(cluster):
+    rt = await clocked(cluster, recorder(), Clock(MORNING), run_worker=False)
+    app = create_app(rt)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw")
+    url = "/clock/http"
+    base = f"/entities{url}/schedules"
+    async with http:
+        assert (await http.get(base)).status_code == 404  # no such entity yet
+        await rt.send(url, "hello")
+        put = await http.post(
+            base, json={"id": "standup", "expression": "0 9 * * *", "payload": "stand up"}
+        )
+        assert put.status_code == 200, put.text
+        assert put.json()["next_ms"] == ms(NINE) and put.json()["next"] == NINE.isoformat()
+        bad = await http.post(base, json={"id": "x", "expression": "0 9 * * *", "timezone": "Moon"})
+        assert bad.status_code == 422 and "'Moon'" in bad.json()["error"]["message"]
+        assert bad.json()["error"]["type"] == "InvalidScheduleError"
+        missing = await http.post(base, json={"id": "x"})
+        assert missing.status_code == 400
+        assert [s["id"] for s in (await http.get(base)).json()] == ["standup"]
+        assert (await http.delete(f"{base}/standup")).status_code == 200
+        assert (await http.delete(f"{base}/standup")).status_code == 404
+        assert (await http.get(base)).json() == []
