@@ -417,6 +417,29 @@ async def test_deleting_an_entity_removes_its_schedules(cluster):
     assert await rt.cron_schedules(url) == []
 
 
+async def test_a_leftover_schedule_of_another_incarnation_is_removed_not_fired(cluster):
+    """A schedule whose entity was deleted and re-created without it being purged (say a
+    client upsert raced the delete) is removed when it comes due, and never fires into
+    the new incarnation."""
+    clock = Clock(MORNING)
+    rt = await clocked(cluster, recorder(), clock)
+    url = "/clock/reborn"
+    await rt.send(url, "hello")
+    await rt.upsert_cron_schedule(url, "standup", "0 9 * * *")
+    store = rt.store
+    assert store is not None
+    await store.redis.hset(store.keys.meta(url), "created", "1-0")  # another incarnation
+    due_key = store.keys.crondue(store.keys.partition(url))
+    clock.set(NINE + dt.timedelta(seconds=5))
+
+    async def removed() -> bool:
+        return await store.redis.zscore(due_key, f"{url}|standup") is None
+
+    await until(removed, 15, "the leftover schedule to be removed")
+    assert await store.redis.hexists(store.keys.crons(url), "standup") == 0
+    assert await occurrences(rt, url) == []
+
+
 async def test_a_schedule_member_the_worker_cannot_use_is_moved_aside(cluster):
     clock = Clock(MORNING)
     rt = await clocked(cluster, recorder(), clock)
