@@ -33,6 +33,7 @@ from .errors import (
     InvalidArgsError,
     InvalidEventError,
     InvalidPayloadError,
+    InvalidScheduleError,
     InvalidTypeNameError,
     InvalidUrlError,
     MissingKeyError,
@@ -81,6 +82,7 @@ from .events import (
 from .live import LiveEvent, LiveRecord
 from .models import AnthropicModel, Model, ScriptedModel
 from .registry import EntityType, Registry
+from .schedules import CronSchedule
 from .schema import Collection
 from .state import ChildInfo, CollectionHandle, CollectionView
 from .status import EntityStatus, RunInfo
@@ -111,6 +113,7 @@ __all__ = [
     "CollectionView",
     "ConfigError",
     "Created",
+    "CronSchedule",
     "DeleteRequested",
     "DeliveryFailed",
     "DuplicateKeyError",
@@ -129,6 +132,7 @@ __all__ = [
     "InvalidArgsError",
     "InvalidEventError",
     "InvalidPayloadError",
+    "InvalidScheduleError",
     "InvalidTypeNameError",
     "InvalidUrlError",
     "Lifecycle",

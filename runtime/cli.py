@@ -11,6 +11,7 @@
     wakeful pending URL                  tool calls waiting for a client or an approval
     wakeful approve URL CALL             approve a pending call (deny: refuse it)
     wakeful resume URL [--skip-failed]   un-park a failed entity
+    wakeful schedules URL                recurring schedules (--set ID CRON, --delete ID)
     wakeful bad                          pointers and timers the workers moved aside
     wakeful manifest APP                 the registry's manifest as JSON
 
@@ -493,6 +494,41 @@ async def _resume(args: argparse.Namespace) -> int:
     return OK
 
 
+async def _schedules(args: argparse.Namespace) -> int:
+    rt = await _client(args)
+    try:
+        if args.set is not None:
+            schedule_id, expression = args.set
+            await rt.upsert_cron_schedule(
+                args.url, schedule_id, expression, timezone=args.timezone, payload=args.payload
+            )
+        elif args.delete is not None and not await rt.delete_cron_schedule(args.url, args.delete):
+            raise WakefulError(f"{args.url} has no schedule {args.delete!r}")
+        schedules = await rt.cron_schedules(args.url)
+    finally:
+        await rt.close()
+    rows = [
+        {
+            "id": s.id,
+            "expression": s.expression,
+            "timezone": s.timezone,
+            "next": s.next_at.isoformat(timespec="seconds"),
+            "payload": s.payload,
+        }
+        for s in schedules
+    ]
+    if args.json:
+        terminal.print_json(rows)
+    elif not rows:
+        out.print(f"{args.url} has no recurring schedules", markup=False)
+    elif not out.is_terminal:
+        for row in rows:
+            print("\t".join(terminal.short(row[k], 200) for k in row))
+    else:
+        out.print(terminal.rows_table(f"Recurring schedules of {args.url} ({len(rows)})", rows))
+    return OK
+
+
 COMMANDS = {
     "demo": _demo,
     "worker": _worker,
@@ -508,6 +544,7 @@ COMMANDS = {
     "deny": _deny,
     "resume": _resume,
     "bad": _bad,
+    "schedules": _schedules,
     "manifest": _manifest,
 }
 

@@ -121,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
         identity(p)
         follow_reply(p)
+    p = command("schedules", "list, set (--set) or delete (--delete) recurring schedules")
+    p.add_argument("url")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument(
+        "--set",
+        nargs=2,
+        metavar=("ID", "CRON"),
+        help="create or replace schedule ID with a 5-field cron expression, e.g. '0 9 * * 1-5'",
+    )
+    action.add_argument("--delete", metavar="ID", help="delete schedule ID")
+    p.add_argument("--timezone", default="UTC", help="IANA time zone of --set (default UTC)")
+    p.add_argument("--payload", help="the message of each occurrence of --set (text)")
     command("bad", "wake pointers and timers the workers could not use and moved aside")
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")

@@ -26,6 +26,7 @@ from .actions import (
 )
 from .capabilities import Capability
 from .client_actions import PendingActions
+from .client_schedules import RecurringSchedules
 from .config import Settings
 from .connection import connect
 from .errors import (
@@ -82,7 +83,7 @@ class WorkerInfo:
     expires_in_ms: int
 
 
-class Runtime(PendingActions):
+class Runtime(PendingActions, RecurringSchedules):
     def __init__(
         self,
         registry: Registry | None = None,
@@ -111,6 +112,7 @@ class Runtime(PendingActions):
         self._worker_task: asyncio.Task[None] | None = None
         self._published_types: dict[str, bytes] | None = None
         self._notices: Notices | None = None
+        self.clock: Callable[[], float] = time.time  # of recurring schedules (and the worker's)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -131,6 +133,7 @@ class Runtime(PendingActions):
             if self._worker_redis is not None:
                 worker_store = Store(self._worker_redis, keys, idempotency_ttl_ms=ttl_ms)
             self.worker = Worker(self.registry, worker_store, s, capabilities=self.capabilities)
+            self.worker.clock = self._now
             # The runtime owns the worker task: close() stops it and awaits it (raising
             # its error), and a start that fails or is cancelled cancels it.
             self._worker_task = asyncio.create_task(self.worker.run(), name="wakeful-worker")
@@ -142,6 +145,9 @@ class Runtime(PendingActions):
                 await asyncio.wait({self._worker_task})
                 raise
         return self
+
+    def _now(self) -> float:
+        return self.clock()
 
     def _worker_ended(self, task: asyncio.Task[None]) -> None:
         """Say at once when the embedded worker stops on its own (close() raises it too)."""

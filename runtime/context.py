@@ -29,6 +29,7 @@ from .live import LivePublisher
 from .models import Model
 from .resolution import loop_result_hook, resolve_tools
 from .runtime_tools import runtime_tools
+from .schedules import CronSchedule, check_id
 from .state import ChildInfo, Database
 from .status import EntityStatus, Schedule
 from .urls import entity_url, parse_url
@@ -53,6 +54,21 @@ class Services(Protocol):
     async def schedules(self, url: str, created: str) -> list[Schedule]: ...
 
     async def cancel_schedule(self, url: str, created: str, schedule_id: str) -> bool: ...
+
+    async def upsert_cron_schedule(
+        self,
+        url: str,
+        created: str,
+        schedule_id: str,
+        expression: str,
+        timezone: str,
+        payload: Any,
+        limit: int,
+    ) -> CronSchedule: ...
+
+    async def cron_schedules(self, url: str, created: str) -> list[CronSchedule]: ...
+
+    async def delete_cron_schedule(self, url: str, created: str, schedule_id: str) -> bool: ...
 
     def capabilities_for(self, url: str) -> CapabilityPool: ...
 
@@ -332,6 +348,36 @@ class HandlerContext:
         """Cancel a pending timer; False if it already fired or was cancelled."""
         act = self._activation
         return await self._services.cancel_schedule(self.entity_url, act.created, schedule_id)
+
+    async def upsert_cron_schedule(
+        self,
+        schedule_id: str,
+        expression: str,
+        *,
+        timezone: str = "UTC",
+        payload: Any = None,
+    ) -> CronSchedule:
+        """Create or replace this entity's recurring schedule ``schedule_id``: at each
+        occurrence of the cron ``expression`` (5 fields, in the IANA ``timezone``) the
+        entity gets a message with ``payload`` from ``schedule:<id>``.
+
+        Written at once (not at the next commit point) and fenced by the lease; upserting
+        the same schedule again (a retried wake) keeps its next occurrence. Raises
+        InvalidScheduleError naming a bad id, expression or time zone."""
+        act = self._activation
+        return await self._services.upsert_cron_schedule(
+            self.entity_url, act.created, schedule_id, expression, timezone, payload, act.limit
+        )
+
+    async def cron_schedules(self) -> list[CronSchedule]:
+        """This entity's recurring schedules, the soonest next occurrence first."""
+        return await self._services.cron_schedules(self.entity_url, self._activation.created)
+
+    async def delete_cron_schedule(self, schedule_id: str) -> bool:
+        """Delete a recurring schedule; False if there is none with this id."""
+        check_id(schedule_id)
+        act = self._activation
+        return await self._services.delete_cron_schedule(self.entity_url, act.created, schedule_id)
 
     async def observe(self, url: str, *, wake: Subscription) -> None:
         """Subscribe to another entity: ``Wake.change(...)`` or ``Wake.run_finished()``."""

@@ -35,6 +35,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- ActionNotAuthorizedError (PermissionError)
     |   |   +-- ActionValidationError (ValueError)
     |   +-- ClientToolsError (ValueError)
+    |   +-- InvalidScheduleError (ValueError)    a recurring schedule's id, cron or zone
     |   +-- ModelError                        a model call failed (``retryable``)
     |   +-- ModelConfigError (ValueError)
     |   +-- ToolContractError (TypeError)
@@ -236,6 +237,17 @@ class ActionValidationError(ActionError, ValueError):
 
 class ClientToolsError(WakefulError, ValueError):
     """A snapshot of client tool definitions sent with a message is malformed."""
+
+
+class InvalidScheduleError(WakefulError, ValueError):
+    """A recurring schedule's ``field`` (id, expression, timezone, payload) is invalid,
+    or the entity's schedule limit is reached."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid schedule {field} {value!r}: {reason}")
 
 
 # -- models ------------------------------------------------------------------------------

@@ -21,6 +21,9 @@ status code below):
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
     POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
+    GET  /entities/{type}/{id}/schedules            recurring schedules
+    POST /entities/{type}/{id}/schedules            upsert {id, expression, timezone, payload}
+    DELETE /entities/{type}/{id}/schedules/{schedule}  delete one
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
@@ -63,6 +66,7 @@ from .errors import (
     InvalidArgsError,
     InvalidEventError,
     InvalidPayloadError,
+    InvalidScheduleError,
     InvalidUrlError,
     PayloadTooLargeError,
     UnknownEntityTypeError,
@@ -71,6 +75,7 @@ from .errors import (
 from .events import LogRecord, UndecodableRecord
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
+from .schedules import CronSchedule
 from .urls import entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
@@ -102,6 +107,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
     (InvalidArgsError, 422),
+    (InvalidScheduleError, 422),
     (WakefulError, 400),
 ]
 
@@ -402,6 +408,36 @@ def create_app(
             raise HTTPError(404, "UnknownVerb", f"unknown action verb {verb!r}")
         return JSONResponse({"url": url, "event_id": event_id})
 
+    def listed_schedule(schedule: CronSchedule) -> dict[str, Any]:
+        return {**dataclasses.asdict(schedule), "next": schedule.next_at.isoformat()}
+
+    @endpoint
+    async def schedules(request: Request) -> Response:
+        if request.method == "POST":
+            url, _ = await entity(request, "write")
+            data = await body(request)
+            for field in ("id", "expression"):
+                if field not in data:
+                    raise HTTPError(400, "MissingField", f"the body needs an {field!r}")
+            schedule = await runtime.upsert_cron_schedule(
+                url,
+                data["id"],
+                data["expression"],
+                timezone=data.get("timezone", "UTC"),
+                payload=data.get("payload"),
+            )
+            return JSONResponse(listed_schedule(schedule))
+        url, _ = await entity(request, "read")
+        return JSONResponse([listed_schedule(s) for s in await runtime.cron_schedules(url)])
+
+    @endpoint
+    async def delete_schedule(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        schedule_id = request.path_params["schedule"]
+        if not await runtime.delete_cron_schedule(url, schedule_id):
+            raise HTTPError(404, "ScheduleNotFound", f"{url} has no schedule {schedule_id!r}")
+        return JSONResponse({"url": url, "deleted": schedule_id})
+
     @endpoint
     async def events(request: Request) -> Response:
         url, identity = await entity(request, "read")
@@ -440,6 +476,8 @@ def create_app(
             Route(base + "/cancel", cancel, methods=["POST"]),
             Route(base + "/actions", actions),
             Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
+            Route(base + "/schedules", schedules, methods=["GET", "POST"]),
+            Route(base + "/schedules/{schedule}", delete_schedule, methods=["DELETE"]),
         ]
     )
 

@@ -23,6 +23,11 @@ key                                         what
 ``<prefix>:{pN}:type:<type>``               urls of one type in the partition (set)
 ``<prefix>:{pN}:timers`` / ``:timerdata``   durable timers: member -> due time (sorted
                                             set) and member -> outbox event (hash)
+``<prefix>:{pN}:cron:<url>``                recurring schedules of the entity: schedule
+                                            id -> spec (hash, msgpack ``CronSpec``)
+``<prefix>:{pN}:crondue``                   recurring schedules of the partition:
+                                            ``<url>|<id>`` -> next occurrence ms
+                                            (sorted set)
 ``<prefix>:{pN}:bad``                       wake pointers and timers the worker could
                                             not use, moved here with why (stream)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
@@ -96,6 +101,12 @@ class Keyspace:
 
     def timerdata(self, partition: int) -> str:
         return f"{self.tag(partition)}:timerdata"
+
+    def crons(self, url: str) -> str:
+        return f"{self.tag(self.partition(url))}:cron:{url}"
+
+    def crondue(self, partition: int) -> str:
+        return f"{self.tag(partition)}:crondue"
 
     def bad(self, partition: int) -> str:
         return f"{self.tag(partition)}:bad"

@@ -3,7 +3,8 @@
 * :meth:`Listeners.read_inboxes` blocks on XREADGROUP over the owned inboxes
   and hands each wake pointer to the entity's runner (holding back while the
   backlog is full);
-* :meth:`Listeners.fire_timers` fires the due timers of the owned partitions;
+* :meth:`Listeners.fire_timers` fires the due timers of the owned partitions,
+  and the due occurrences of their recurring schedules (``schedule_firing.py``);
 * :meth:`Listeners.relay_cancels` passes ``rt.cancel`` requests (pub/sub) to
   the wake they concern, if it runs here.
 
@@ -27,6 +28,7 @@ from .acl import missing_right
 from .config import Settings
 from .leases import LeaseKeeper
 from .runners import Runners
+from .schedule_firing import ScheduleFiring
 from .store import TRANSIENT_ERRORS, BadItem, Store
 
 log = logging.getLogger("wakeful.listeners")
@@ -43,6 +45,7 @@ class Listeners:
         leases: LeaseKeeper,
         runners: Runners,
         fault: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -51,6 +54,7 @@ class Listeners:
         self.runners = runners
         self._fault = fault
         self._fire_failures: dict[str, int] = {}  # timer member -> failed fires in a row
+        self.schedules = ScheduleFiring(store, worker_id, leases.token, fault, clock)
 
     async def read_inboxes(self) -> None:
         s = self.settings
@@ -90,13 +94,18 @@ class Listeners:
             )
 
     async def fire_timers(self) -> None:
-        """Fire due timers of the owned partitions; sleeps until the next one (max 250 ms)."""
+        """Fire due timers and schedule occurrences of the owned partitions; sleeps until
+        the next one (max 250 ms)."""
         while True:
             delay = 0.25
             try:
                 partitions = self.leases.active()
                 if partitions:
                     delay = await self._fire_due(partitions, delay)
+                    upcoming = await self.schedules.fire_due(partitions)
+                    if upcoming is not None:
+                        left = (upcoming - self.schedules.clock() * 1000) / 1000
+                        delay = min(delay, max(0.0, left))
             except TRANSIENT_ERRORS as exc:
                 log.warning("worker %s: timer check failed: %s", self.worker_id, exc)
             await anyio.sleep(max(delay, 0.005))

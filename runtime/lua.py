@@ -464,3 +464,136 @@ ensure_pointer(meta, inbox, url)
 return {1, id}
 """
 )
+
+# -- recurring schedules (schedules.py, schedule_store.py) -------------------------
+# An entity's schedules are a hash (schedule id -> spec) and one member '<url>|<id>' each
+# in the partition's sorted set (score = the next occurrence, epoch ms). The worker
+# computes occurrences (cron is not parsed in Lua); these scripts only compare and set.
+
+# Upsert a schedule of one incarnation of the entity. An unchanged spec keeps its next
+# occurrence (a retried wake or tool call that upserts again changes nothing).
+# -> {1, next ms} written | {0, next ms} unchanged | {-1} fenced | {-2} no such entity
+# (incarnation) | {-3} the entity has max_schedules already
+CRON_UPSERT = """
+local lease = KEYS[1]        -- the partition lease
+local meta = KEYS[2]         -- the entity's metadata hash
+local crons = KEYS[3]        -- the entity's schedules: id -> spec
+local due = KEYS[4]          -- the partition's schedules: '<url>|<id>' -> next ms
+local token = ARGV[1]        -- the lease token this is fenced by ('' = a client's write)
+local url = ARGV[2]
+local schedule_id = ARGV[3]
+local spec = ARGV[4]         -- the packed spec (it names the incarnation)
+local incarnation = ARGV[5]  -- meta.created of the entity the spec is for
+local next_ms = ARGV[6]      -- its first occurrence after now
+local max_schedules = tonumber(ARGV[7])
+if token ~= '' and redis.call('GET', lease) ~= token then return {-1} end
+if redis.call('HGET', meta, 'created') ~= incarnation then return {-2} end
+local member = url .. '|' .. schedule_id
+local current = redis.call('HGET', crons, schedule_id)
+local score = redis.call('ZSCORE', due, member)
+if current == spec and score then return {0, score} end
+if not current and redis.call('HLEN', crons) >= max_schedules then return {-3} end
+redis.call('HSET', crons, schedule_id, spec)
+redis.call('ZADD', due, next_ms, member)
+return {1, next_ms}
+"""
+
+# -> 1 deleted | 0 no such schedule | -1 fenced | -2 no such entity (incarnation)
+CRON_DELETE = """
+local lease = KEYS[1]        -- the partition lease
+local meta = KEYS[2]         -- the entity's metadata hash
+local crons = KEYS[3]        -- the entity's schedules: id -> spec
+local due = KEYS[4]          -- the partition's schedules: '<url>|<id>' -> next ms
+local token = ARGV[1]        -- the lease token this is fenced by ('' = a client's write)
+local url = ARGV[2]
+local schedule_id = ARGV[3]
+local incarnation = ARGV[4]  -- meta.created of the entity
+if token ~= '' and redis.call('GET', lease) ~= token then return -1 end
+if redis.call('HGET', meta, 'created') ~= incarnation then return -2 end
+if redis.call('HDEL', crons, schedule_id) == 0 then return 0 end
+redis.call('ZREM', due, url .. '|' .. schedule_id)
+return 1
+"""
+
+# Every schedule of a deleted entity goes with it. -> how many | -1 fenced
+CRON_PURGE = """
+local lease = KEYS[1]        -- the partition lease
+local crons = KEYS[2]        -- the entity's schedules: id -> spec
+local due = KEYS[3]          -- the partition's schedules: '<url>|<id>' -> next ms
+local token = ARGV[1]        -- the lease token this is fenced by
+local url = ARGV[2]
+if redis.call('GET', lease) ~= token then return -1 end
+local ids = redis.call('HKEYS', crons)
+for _, schedule_id in ipairs(ids) do
+  redis.call('ZREM', due, url .. '|' .. schedule_id)
+end
+redis.call('DEL', crons)
+return #ids
+"""
+
+# Fire one occurrence and move the schedule to its next one, in one step: the
+# occurrence's message goes into the entity's log (an input, with a wake pointer) and
+# the score becomes the next occurrence, or neither happens. The worker passes the
+# occurrence (the score it read) and the spec it computed the next one from; if either
+# changed meanwhile (fired by another, upserted), nothing is written and it reads again.
+# A schedule of a deleted incarnation is removed instead of fired.
+# -> 1 fired | 0 not due as read (nothing written) | -1 fenced | -2 removed (gone)
+CRON_FIRE = (
+    _ENSURE_POINTER
+    + """
+local lease = KEYS[1]        -- the partition lease
+local due = KEYS[2]          -- the partition's schedules: '<url>|<id>' -> next ms
+local crons = KEYS[3]        -- the entity's schedules: id -> spec
+local meta = KEYS[4]         -- the entity's metadata hash
+local log = KEYS[5]          -- the entity's log
+local inbox = KEYS[6]        -- the partition inbox (wake pointers)
+local token = ARGV[1]        -- the lease token this is fenced by
+local url = ARGV[2]
+local schedule_id = ARGV[3]
+local occurrence = ARGV[4]   -- the occurrence fired: the score the worker read (ms)
+local spec = ARGV[5]         -- the spec the worker read
+local incarnation = ARGV[6]  -- meta.created of the entity the spec is for
+local next_ms = ARGV[7]      -- the occurrence after this one (and after now)
+local event = ARGV[8]        -- the occurrence's message (an input)
+if redis.call('GET', lease) ~= token then return -1 end
+local member = url .. '|' .. schedule_id
+local score = redis.call('ZSCORE', due, member)
+if not score or tonumber(score) ~= tonumber(occurrence) then return 0 end
+local current = redis.call('HGET', crons, schedule_id)
+if not current then  -- its spec was removed by hand: nothing to fire
+  redis.call('ZREM', due, member)
+  return -2
+end
+if current ~= spec then return 0 end
+if redis.call('HGET', meta, 'created') ~= incarnation then
+  -- A leftover of a deleted incarnation: never fire it into another one.
+  redis.call('ZREM', due, member)
+  redis.call('HDEL', crons, schedule_id)
+  return -2
+end
+local id = redis.call('XADD', log, '*', 'e', event)
+redis.call('HSET', meta, 'last_in', id)
+ensure_pointer(meta, inbox, url)
+redis.call('ZADD', due, next_ms, member)
+return 1
+"""
+)
+
+# A schedule member or spec the worker cannot use (malformed, undecodable, an expression
+# or zone no longer valid) leaves the sorted set for the dead-letter stream, its spec
+# kept in the entity's hash as detail. -> 1 moved | 0 gone already | -1 fenced
+CRON_QUARANTINE = """
+local lease = KEYS[1]        -- the partition lease
+local bad = KEYS[2]          -- the partition's dead-letter stream
+local due = KEYS[3]          -- the partition's schedules: '<url>|<id>' -> next ms
+local token = ARGV[1]        -- the lease token this is fenced by
+local member = ARGV[2]
+local reason = ARGV[3]       -- why it cannot be used
+local detail = ARGV[4]       -- what its spec held
+local worker = ARGV[5]
+if redis.call('GET', lease) ~= token then return -1 end
+if redis.call('ZREM', due, member) == 0 then return 0 end
+redis.call('XADD', bad, 'MAXLEN', '~', 10000, '*', 'kind', 'schedule', 'key', due,
+  'item', member, 'reason', reason, 'detail', detail, 'worker', worker)
+return 1
+"""

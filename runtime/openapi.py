@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .schedules import ID_MAX as SCHEDULE_ID_MAX
+from .schedules import ID_PATTERN as SCHEDULE_ID_PATTERN
 from .urls import ID_MAX, ID_PATTERN, TYPE_MAX, TYPE_PATTERN
 
 LIST_LIMIT = 1000  # urls per page of GET /entities/{type}; ?after=<last url> for the next
@@ -185,6 +187,53 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},
+        "/entities/{type}/{id}/schedules": {
+            "get": _op(
+                "Recurring schedules, the soonest next occurrence first", 400, 401, 403, 404
+            ),
+            "post": _op(
+                "Create or replace a recurring schedule (a 5-field cron expression in an IANA "
+                "time zone; each occurrence sends the entity a message with the payload)",
+                400,
+                401,
+                403,
+                404,
+                413,
+                422,
+                body={
+                    "type": "object",
+                    "required": ["id", "expression"],
+                    "properties": {
+                        "id": {
+                            "type": "string",
+                            "pattern": f"^{SCHEDULE_ID_PATTERN}$",
+                            "maxLength": SCHEDULE_ID_MAX,
+                        },
+                        "expression": {"type": "string"},
+                        "timezone": {"type": "string"},
+                        "payload": {},
+                    },
+                },
+            ),
+        },
+        "/entities/{type}/{id}/schedules/{schedule}": {
+            "delete": _op(
+                "Delete a recurring schedule",
+                400,
+                401,
+                403,
+                404,
+                422,
+                params=[
+                    {
+                        "name": "schedule",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    }
+                ],
+            )
+        },
         **{
             f"/entities/{{type}}/{{id}}/actions/{{call}}/{verb}": {
                 "post": _op(

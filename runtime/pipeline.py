@@ -336,6 +336,8 @@ class WakePipeline:
                 await commit(self.store, ticket, fields={"out_done": ids[-1]})
         self.cache.forget(ticket.url)
         await self.services.release_capabilities(ticket.url)
+        # Its recurring schedules first: a crash after this only leaves the delete to redo.
+        await self.store.purge_schedules(ticket.url, ticket.token)
         await self.store.delete(ticket.url, ticket.token, ticket.created, ticket.pointer_ids)
         self._done(ticket)
         log.info("entity %s deleted", ticket.url)

@@ -1,4 +1,5 @@
-"""The runtime's own tools (``ctx.runtime_tools``): message, dispatch, schedule.
+"""The runtime's own tools (``ctx.runtime_tools``): message, dispatch, schedule, and the
+recurring schedules (``upsert_cron_schedule``, ``list_schedules``, ``delete_schedule``).
 
 Effects made inside a tool call get idempotency keys and child ids derived
 from the ``tool_call_id`` (see ``Activation.next_key``), so a call that is run
@@ -10,12 +11,15 @@ The input structs are defined once, here; the typed versions of these tools
 
 from __future__ import annotations
 
+import json
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
 from .agent_tools import AgentTool, ToolResult
 from .cancellation import CancelSignal
+from .errors import InvalidScheduleError
 from .urls import parse_url
 from .wake import Wake
 
@@ -39,6 +43,37 @@ class ScheduleMessage(msgspec.Struct):
     ]
     text: str
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
+
+
+class UpsertCronSchedule(msgspec.Struct):
+    id: Annotated[
+        str, msgspec.Meta(description="Your id for the schedule; the same id replaces it")
+    ]
+    expression: Annotated[
+        str,
+        msgspec.Meta(
+            description="Cron expression, 5 fields: minute hour day-of-month month "
+            "day-of-week, e.g. '0 9 * * 1-5' (weekdays at 09:00)"
+        ),
+    ]
+    timezone: Annotated[
+        str, msgspec.Meta(description="IANA time zone of the expression, e.g. 'Europe/Berlin'")
+    ] = "UTC"
+    payload: Annotated[
+        Any, msgspec.Meta(description="What you receive at each occurrence, e.g. a reminder")
+    ] = None
+
+
+class ListSchedules(msgspec.Struct):
+    pass
+
+
+class DeleteSchedule(msgspec.Struct):
+    id: Annotated[str, msgspec.Meta(description="A schedule id from list_schedules")]
+
+
+def _seconds_until(due_ms: int) -> float:
+    return round(max(0.0, due_ms / 1000 - time.time()), 1)
 
 
 def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
@@ -71,6 +106,64 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
         await ctx.send(p.url, p.text, after=p.delay_seconds)
         return ToolResult(f"Message to {p.url} scheduled in {p.delay_seconds:g} s.")
 
+    async def upsert_cron_schedule(
+        call_id: str, p: UpsertCronSchedule, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
+        try:
+            schedule = await ctx.upsert_cron_schedule(
+                p.id, p.expression, timezone=p.timezone, payload=p.payload
+            )
+        except InvalidScheduleError as exc:
+            return ToolResult(str(exc), is_error=True)
+        when = schedule.next_at.isoformat(timespec="minutes")
+        return ToolResult(
+            f"Schedule {schedule.id!r} ({schedule.expression}, {schedule.timezone}) is set; "
+            f"its next occurrence is {when}.",
+            details={"id": schedule.id, "next_ms": schedule.next_ms},
+        )
+
+    async def list_schedules(
+        call_id: str, p: ListSchedules, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
+        recurring = [
+            {
+                "id": s.id,
+                "kind": "recurring",
+                "expression": s.expression,
+                "timezone": s.timezone,
+                "payload": s.payload,
+                "next": s.next_at.isoformat(timespec="minutes"),
+                "due_in_seconds": _seconds_until(s.next_ms),
+            }
+            for s in await ctx.cron_schedules()
+        ]
+        messages = [
+            {
+                "id": t.id,
+                "kind": "message",
+                "url": t.target,
+                "payload": t.payload,
+                "due_in_seconds": _seconds_until(t.due_ms),
+            }
+            for t in await ctx.schedules()
+        ]
+        listing = recurring + messages
+        text = json.dumps(listing, ensure_ascii=False) if listing else "No schedules."
+        return ToolResult(text, details={"schedules": listing})
+
+    async def delete_schedule(
+        call_id: str, p: DeleteSchedule, signal: CancelSignal, on_update: Any
+    ) -> ToolResult:
+        try:
+            deleted = await ctx.delete_cron_schedule(p.id)
+        except InvalidScheduleError:
+            deleted = False  # not a recurring schedule's id: perhaps a scheduled message's
+        if not deleted:
+            deleted = await ctx.cancel_schedule(p.id)
+        if not deleted:
+            return ToolResult(f"No schedule {p.id!r} (see list_schedules).", is_error=True)
+        return ToolResult(f"Schedule {p.id!r} deleted.", details={"id": p.id})
+
     return [
         AgentTool(
             "send_message", "Send a text message to another entity.", SendMessage, send_message
@@ -87,5 +180,24 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
             "Send a message later (a durable timer that survives restarts).",
             ScheduleMessage,
             schedule_message,
+        ),
+        AgentTool(
+            "upsert_cron_schedule",
+            "Create or replace a recurring schedule of yours: at each occurrence of the cron "
+            "expression (in its time zone) you are woken with its payload. Survives restarts.",
+            UpsertCronSchedule,
+            upsert_cron_schedule,
+        ),
+        AgentTool(
+            "list_schedules",
+            "List your recurring schedules and your pending scheduled messages.",
+            ListSchedules,
+            list_schedules,
+        ),
+        AgentTool(
+            "delete_schedule",
+            "Delete a recurring schedule, or cancel a pending scheduled message, by its id.",
+            DeleteSchedule,
+            delete_schedule,
         ),
     ]

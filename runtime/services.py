@@ -2,12 +2,13 @@
 
 :class:`HandlerServices` implements the ``Services`` protocol of
 :mod:`wakeful.context`: type lookup, status of other entities, the entity's
-schedules, and its capability pool. The handler context and the tool adapters
+timers and recurring schedules, and its capability pool. The handler context and the tool adapters
 talk to it, never to the worker itself.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from .capabilities import Capability, CapabilityPool
 from .errors import EntityNotFoundError, FencedError, UnknownEntityTypeError
 from .events import decode_event
 from .registry import EntityType, Registry
+from .schedules import CronSchedule, make_spec
 from .status import EntityStatus, Schedule, entity_status
 from .store import Store
 
@@ -26,12 +28,15 @@ class HandlerServices:
         store: Store,
         capabilities: list[Capability[Any]],
         token: Callable[[int], str | None],
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self.store = store
         self.capabilities = {c.name: c for c in capabilities}
         self._token = token  # the fencing token of a partition, None if not held
         self._pools: dict[str, CapabilityPool] = {}
+        self._clock = clock  # epoch seconds: the first occurrence of a schedule is after it
 
     async def entity_type(self, type_name: str) -> EntityType | None:
         if type_name in self.registry:
@@ -59,6 +64,34 @@ class HandlerServices:
         if token is None:
             raise FencedError(f"the lease of {url}'s partition is lost")
         return await self.store.cancel_timer(url, token, f"{url}|{created}|{schedule_id}")
+
+    def _lease(self, url: str) -> str:
+        token = self._token(self.store.keys.partition(url))
+        if token is None:
+            raise FencedError(f"the lease of {url}'s partition is lost")
+        return token
+
+    async def upsert_cron_schedule(
+        self,
+        url: str,
+        created: str,
+        schedule_id: str,
+        expression: str,
+        timezone: str,
+        payload: Any,
+        limit: int,
+    ) -> CronSchedule:
+        now_ms = int(self._clock() * 1000)
+        spec, packed, first_ms = make_spec(
+            schedule_id, expression, timezone, payload, created, limit=limit, now_ms=now_ms
+        )
+        return await self.store.upsert_schedule(url, spec, packed, first_ms, token=self._lease(url))
+
+    async def cron_schedules(self, url: str, created: str) -> list[CronSchedule]:
+        return await self.store.schedules_of(url, created)
+
+    async def delete_cron_schedule(self, url: str, created: str, schedule_id: str) -> bool:
+        return await self.store.delete_schedule(url, created, schedule_id, token=self._lease(url))
 
     def capabilities_for(self, url: str) -> CapabilityPool:
         pool = self._pools.get(url)

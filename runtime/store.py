@@ -29,6 +29,7 @@ from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
 from .keys import GROUP, Keyspace
 from .replies import EntityMeta, Entry, as_str, stream_entries
+from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
     ALL_SCRIPTS,
@@ -170,10 +171,11 @@ def _timer(keys: Keyspace, partition: int, member: bytes) -> tuple[int, str] | B
     return BadItem(partition, "timer", keys.timers(partition), member, reason)
 
 
-class Store(EntityReads):
+class Store(EntityReads, ScheduleStore):
     """The runtime's one Redis speaker: scripts for every atomic change, plain reads.
 
-    The reads of entity data are in :class:`~wakeful.entity_reads.EntityReads`.
+    The reads of entity data are in :class:`~wakeful.entity_reads.EntityReads`, the
+    recurring schedules in :class:`~wakeful.schedule_store.ScheduleStore`.
     """
 
     def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:

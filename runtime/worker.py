@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,8 @@ class Worker:
         self.id = worker_id or lease_room.new_worker_id()
         # Tests inject crashes here: called with the name of each commit point.
         self.fault_hook: Callable[[str], None] | None = None
+        # The clock of recurring schedules (epoch seconds); tests move their own.
+        self.clock: Callable[[], float] = time.time
         self.stats = {
             "activations": 0,
             "handler_calls": 0,
@@ -72,7 +75,9 @@ class Worker:
         self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises
         self._killed = False
         self._scope: anyio.CancelScope | None = None
-        self.services = HandlerServices(registry, store, capabilities or [], self._token)
+        self.services = HandlerServices(
+            registry, store, capabilities or [], self._token, clock=self._now
+        )
         self.delivery = Delivery(store, self._fault, self.stats)
         self.cache = WarmCache(settings.cache_size, self._evicted)
         self.runners = Runners(
@@ -96,7 +101,7 @@ class Worker:
         )
         self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
         self.listeners = Listeners(
-            store, settings, self.id, self.lease_keeper, self.runners, self._fault
+            store, settings, self.id, self.lease_keeper, self.runners, self._fault, self._now
         )
 
     @property
@@ -189,6 +194,9 @@ class Worker:
             self.fault_hook(point)
 
     # -- wiring between the rooms -----------------------------------------------
+
+    def _now(self) -> float:
+        return self.clock()
 
     def _token(self, partition: int) -> str | None:
         return self.lease_keeper.token(partition)

@@ -48,6 +48,15 @@ def test_readme_typed_contract_example_defines_an_agent(monkeypatch):
     ]
 
 
+def test_readme_schedules_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### Recurring schedules\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "daily 0 9 * * 1-5 2030-06-03 09:00:00+02:00" in out
+    assert "woken by daily@1906700400000 to write the report" in out
+
+
 def test_demo_runs_on_the_embedded_default():
     out = subprocess.run(
         [sys.executable, "-m", "wakeful.cli", "demo"],
