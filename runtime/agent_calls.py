@@ -76,7 +76,7 @@ class ToolCalls:
     wake: AgentWake
     tools: dict[str, AgentTool]
     # Set for typed agents (resolution.py): sees the errors the loop produces itself.
-    after_tool_result: Callable[[str, str, str], ToolResult | None] | None
+    after_tool_result: Callable[[str, str, str], Awaitable[ToolResult | None]] | None
     _tool_slots: asyncio.Semaphore
     _commit_lock: asyncio.Lock
 
@@ -312,7 +312,8 @@ class ToolCalls:
         """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
         interrupted, cut off): an error result, unless ``after_tool_result`` turns it
         into an output."""
-        result = self.after_tool_result(name, call_id, message) if self.after_tool_result else None
+        hook = self.after_tool_result
+        result = await hook(name, call_id, message) if hook is not None else None
         if result is None:
             await self._outcome(run_id, call_id, name, message, True)
         else:

@@ -22,7 +22,9 @@ traceback stays in the log, and clients see a redacted error.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
+from .agent_options import check_agent_options
 from .agent_tools import Content, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
@@ -241,9 +244,17 @@ class AgentDef:
         }
 
     def runtime_context_type(self) -> type | None:
+        """The declared return type of the ``runtime_context`` resolver (of its awaited
+        value, for an ``async def``)."""
         if self.runtime_context is None:
             return None
-        hints = typing.get_type_hints(self.runtime_context)
+        try:
+            hints = typing.get_type_hints(self.runtime_context)
+        except Exception as exc:  # an annotation that does not resolve (NameError, ...)
+            raise ToolContractError(
+                f"agent {self.name!r}: the return annotation of runtime_context "
+                f"{_type_name(self.runtime_context)} cannot be resolved: {exc}"
+            ) from None
         return hints.get("return")
 
     def check(self, bound_capabilities: typing.Collection[str] | None = None) -> None:
@@ -251,12 +262,14 @@ class AgentDef:
         provided = self.runtime_context_type()
         for key, reg in self.registrations().items():
             needed = reg.tool.context
-            if needed is not None and reg.map_context is None and not _satisfies(provided, needed):
-                raise ToolContractError(
-                    f"agent {self.name!r}: tool {reg.tool.id!r} registered as {key!r} needs "
-                    f"context {_type_name(needed)}, but the agent's runtime context is "
-                    f"{_type_name(provided)}; register it with map_context=..."
-                )
+            if needed is not None and reg.map_context is None:
+                gap = context_gap(provided, needed)
+                if gap is not None:
+                    raise ToolContractError(
+                        f"agent {self.name!r}: tool {reg.tool.id!r} registered as {key!r} "
+                        f"needs context {_type_name(needed)}, but the agent's runtime context "
+                        f"is {_type_name(provided)} ({gap}); register it with map_context=..."
+                    )
             if bound_capabilities is not None:
                 missing = reg.tool.capabilities - set(bound_capabilities)
                 if missing:
@@ -298,7 +311,12 @@ def define_agent(
     lifecycle: Lifecycle | None = None,
     **options: Any,
 ) -> AgentDef:
-    """Define an agent; use it from a handler with ``ctx.use_agent(agent)``."""
+    """Define an agent; use it from a handler with ``ctx.use_agent(agent)``.
+
+    ``options`` are the loop's (``max_steps``, ``max_run_tokens``,
+    ``max_output_tokens``, ``tool_concurrency``): an unknown or mistyped one is a
+    :class:`ToolContractError` here."""
+    check_agent_options(options, f"define_agent({name!r})")
     agent = AgentDef(
         name=name,
         instructions=instructions,
@@ -312,10 +330,115 @@ def define_agent(
     return agent
 
 
-def _satisfies(provided: type | None, needed: type) -> bool:
+# -- structural compatibility of contexts --------------------------------------------
+
+
+def context_gap(provided: Any, needed: Any) -> str | None:
+    """Why a runtime context of type ``provided`` cannot be handed to a tool that declares
+    context ``needed``; ``None`` if it can.
+
+    It can when it is that type or a subclass, or structurally: it has every field (or
+    member, for a ``Protocol``) that ``needed`` requires, each of a compatible type. Never
+    raises anything but :class:`ToolContractError`."""
+    try:
+        return _context_gap(provided, needed)
+    except ToolContractError:
+        raise
+    except Exception as exc:  # a type hint that does not resolve, an odd type object
+        raise ToolContractError(
+            f"cannot compare the context {_type_name(needed)} with {_type_name(provided)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _context_gap(provided: Any, needed: Any) -> str | None:
     if provided is None:
-        return False
-    return provided is needed or (isinstance(provided, type) and issubclass(provided, needed))
+        return "no runtime_context resolver with a return annotation"
+    if provided is needed or needed is Any:
+        return None
+    if not isinstance(needed, type):
+        return f"{_type_name(needed)} is not a class"
+    if isinstance(provided, type) and not _is_protocol(needed) and issubclass(provided, needed):
+        return None
+    wanted = _fields(needed)
+    have = _fields(provided) if isinstance(provided, type) else {}
+    for name, (wanted_type, required) in wanted.items():
+        if name not in have:
+            if required:
+                return f"it has no field {name!r}"
+            continue
+        if not _type_fits(have[name][0], wanted_type):
+            return (
+                f"its field {name!r} is {_type_name(have[name][0])}, not {_type_name(wanted_type)}"
+            )
+    return None
+
+
+def _is_protocol(tp: Any) -> bool:
+    return isinstance(tp, type) and bool(getattr(tp, "_is_protocol", False))
+
+
+def _fields(tp: type) -> dict[str, tuple[Any, bool]]:
+    """The fields a type declares: name -> (type, required)."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return {f.name: (f.type, f.required) for f in msgspec.structs.fields(tp)}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return {
+            f.name: (
+                hints.get(f.name, Any),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(tp)
+        }
+    fields: dict[str, tuple[Any, bool]] = {}
+    protocol = _is_protocol(tp)
+    for base in reversed(tp.__mro__):
+        if base in (object, typing.Generic) or getattr(base, "__module__", "") == "typing":
+            continue
+        hints = typing.get_type_hints(base)
+        for name in inspect.get_annotations(base):
+            if not name.startswith("_"):
+                fields[name] = (hints.get(name, Any), protocol or not hasattr(base, name))
+        if protocol:  # the methods a Protocol declares are members too
+            for name, value in base.__dict__.items():
+                if not name.startswith("_") and callable(value):
+                    fields[name] = (Any, True)
+    return fields
+
+
+def _type_fits(have: Any, wanted: Any) -> bool:
+    """A value of type ``have`` is acceptable where ``wanted`` is declared."""
+    if have == wanted or wanted is Any:
+        return True
+    wanted_arms = _union_arms(wanted)
+    have_arms = _union_arms(have)
+    if len(have_arms) > 1:
+        return all(_type_fits(arm, wanted) for arm in have_arms)
+    if len(wanted_arms) > 1:
+        return any(_type_fits(have, arm) for arm in wanted_arms)
+    if isinstance(have, type) and isinstance(wanted, type) and not _is_protocol(wanted):
+        return issubclass(have, wanted)
+    return False
+
+
+def _union_arms(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def tool_context_value(needed: Any, runtime_context: Any) -> Any:
+    """The value a tool that declares context ``needed`` receives from the agent's
+    runtime context: the value itself for a ``Protocol`` or an instance of ``needed``;
+    for a Struct or dataclass context met structurally, a copy with exactly its fields."""
+    if needed is None:
+        return None
+    if not isinstance(needed, type) or _is_protocol(needed) or isinstance(runtime_context, needed):
+        return runtime_context
+    if issubclass(needed, msgspec.Struct) or dataclasses.is_dataclass(needed):
+        return msgspec.convert(runtime_context, needed, from_attributes=True)
+    return runtime_context
 
 
 def _type_name(value: Any) -> str | None:
@@ -339,7 +462,9 @@ __all__ = [
     "ToolDef",
     "ToolFailure",  # in errors.py; re-exported here for existing imports
     "ToolOutcomeInfo",
+    "context_gap",
     "define_agent",
     "define_tool",
     "tool",
+    "tool_context_value",
 ]
