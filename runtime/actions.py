@@ -147,7 +147,7 @@ def expired(action: ActionRequested) -> bool:
 # -- frontend-defined client tools --------------------------------------------------
 
 RESERVED_PREFIX = "wakeful"
-RESERVED_NAMES = frozenset({"send_message", "dispatch", "schedule_message"})
+RESERVED_NAMES = frozenset({"send_message", "spawn_agent", "schedule_message"})  # runtime_tools
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 

@@ -33,7 +33,7 @@ import msgspec
 
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
-from .errors import ModelError, ToolBugError, WakeInterrupted
+from .errors import ModelError, ToolBugError, ToolContractError, WakeInterrupted
 from .events import AssistantStep, Message, ToolOutcome, UserTurn
 from .history import project, render_input, tool_uses
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
@@ -91,6 +91,7 @@ class Agent(ToolCalls):
         self.max_output_tokens = max_output_tokens
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
         self.after_tool_result = None  # set for typed agents (see ToolCalls)
+        self._client_tools: set[str] = set()  # the names of the client's tools, once offered
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
@@ -99,8 +100,18 @@ class Agent(ToolCalls):
         return [e for e in self._system.history if e.run_id == run_id]
 
     def add_tool(self, tool: AgentTool) -> None:
+        """Add a tool; its name must be new, and a tool of the same id must have the same
+        input and output schemas (one id, one contract)."""
         if tool.name in self.tools:
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        for other in self.tools.values():
+            if tool.id is not None and other.id == tool.id:
+                differs = schema_difference(other, tool)
+                if differs is not None:
+                    raise ToolContractError(
+                        f"tool id {tool.id!r} is registered as {other.name!r} and {tool.name!r} "
+                        f"with different {differs}s; one id is one contract"
+                    )
         self.tools[tool.name] = tool
 
     def _offer_client_tools(self, run_id: str) -> str | None:
@@ -115,18 +126,28 @@ class Agent(ToolCalls):
             None,
         )
         for spec in snapshot or []:
-            existing = self.tools.get(spec["name"])
-            if existing is not None and not existing.label.startswith("client:"):
-                return f"the client tool {spec['name']!r} collides with a backend tool of that name"
-            self.tools[spec["name"]] = AgentTool(
-                name=spec["name"],
+            name, tool_id = spec["name"], f"client:{spec['name']}"
+            if name in self._client_tools:
+                continue  # offered by an earlier run() of this wake
+            if name in self.tools:
+                return f"the client tool {name!r} collides with a backend tool of that name"
+            same_id = next((t for t in self.tools.values() if t.id == tool_id), None)
+            if same_id is not None:
+                return (
+                    f"the client tool {name!r} (id {tool_id!r}) collides with the backend "
+                    f"tool {same_id.name!r} of that id"
+                )
+            self.tools[name] = AgentTool(
+                name=name,
                 description=spec.get("description", ""),
                 parameters=spec["input_schema"],
                 execute=_client_side,
-                label=f"client:{spec['name']}",
+                label=tool_id,
                 client_routed=True,
                 output_schema=spec.get("output_schema"),
+                id=tool_id,
             )
+            self._client_tools.add(name)
         return None
 
     async def run(self) -> RunResult:
@@ -287,6 +308,15 @@ class Agent(ToolCalls):
     def _check_signal(self) -> None:
         if self.wake.signal.cancelled or self.wake.signal.lease_lapsed():
             raise StopRun
+
+
+def schema_difference(one: AgentTool, other: AgentTool) -> str | None:
+    """``"input schema"`` or ``"output schema"`` if the two tools' schemas differ."""
+    if one.input_schema() != other.input_schema():
+        return "input schema"
+    if one.output_schema != other.output_schema:
+        return "output schema"
+    return None
 
 
 async def _client_side(*_: Any) -> ToolResult:  # pragma: no cover - never called

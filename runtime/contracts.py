@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -77,20 +78,28 @@ class ToolDef(Generic[In, Out, Ctx]):
     capabilities: frozenset[str] = frozenset()
     execute: Callable[[ToolContext[In, Ctx]], Awaitable[Out]] | None = None
     to_model_output: Callable[[Out], Content] | None = None
+    rerun_in_doubt: bool = False
 
     @property
     def client_routed(self) -> bool:
         return self.execute is None
 
+    def schemas(self) -> dict[str, Any]:
+        """The input and output JSON Schemas (what one id must always mean)."""
+        return {
+            "input_schema": struct_schema(self.input),
+            "output_schema": struct_schema(self.output) if self.output is not None else None,
+        }
+
     def manifest(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "description": self.description,
-            "input_schema": struct_schema(self.input),
-            "output_schema": struct_schema(self.output) if self.output is not None else None,
+            **self.schemas(),
             "context": _type_name(self.context),
             "capabilities": sorted(self.capabilities),
             "client_routed": self.client_routed,
+            "rerun_in_doubt": self.rerun_in_doubt,
         }
 
 
@@ -104,8 +113,15 @@ def define_tool(
     capabilities: typing.Iterable[str] = (),
     execute: Callable[[ToolContext[In, Ctx]], Awaitable[Out]] | None = None,
     to_model_output: Callable[[Out], Content] | None = None,
+    rerun_in_doubt: bool = False,
 ) -> ToolDef[In, Out, Ctx]:
-    """Define a tool contract. Without ``execute`` the tool is client-routed."""
+    """Define a tool contract. Without ``execute`` the tool is client-routed.
+
+    ``rerun_in_doubt``: a call interrupted while it ran (the worker stopped before its
+    result was committed) is run again, with the same ``tool_call_id``. By default it
+    is not: the model is told the call was interrupted. Opt in only for an ``execute``
+    that is safe to repeat (idempotent, or keyed by ``tool_call_id``); a registration
+    may override it."""
     if not isinstance(id, str) or not id.strip():
         raise ToolContractError(f"a tool id must be a non-empty string, got {id!r}")
     for name, value in (("input", input), ("output", output)):
@@ -126,6 +142,7 @@ def define_tool(
         capabilities=frozenset(capabilities),
         execute=execute,
         to_model_output=to_model_output,
+        rerun_in_doubt=rerun_in_doubt,
     )
 
 
@@ -138,6 +155,7 @@ def tool(
     context: type[Ctx] | None = None,
     capabilities: typing.Iterable[str] = (),
     to_model_output: Callable[[Out], Content] | None = None,
+    rerun_in_doubt: bool = False,
 ) -> Callable[[Callable[[ToolContext[In, Ctx]], Awaitable[Out]]], ToolDef[In, Out, Ctx]]:
     """Decorator form: ``@tool(id=..., description=..., input=..., output=...)``.
 
@@ -156,6 +174,7 @@ def tool(
             capabilities=capabilities,
             execute=execute,
             to_model_output=to_model_output,
+            rerun_in_doubt=rerun_in_doubt,
         )
 
     return decorate
@@ -223,6 +242,12 @@ class Registration(Generic[In, Out, Ctx]):
     needs_approval: bool | Callable[[ApprovalInfo], bool | Awaitable[bool]] = False
     # A pending action (client tool or approval) expires as a failure after this many seconds.
     action_ttl: float | None = None
+    # Run a call again when in doubt (see define_tool); None: the tool's own setting.
+    rerun_in_doubt: bool | None = None
+
+    @property
+    def reruns_in_doubt(self) -> bool:
+        return self.tool.rerun_in_doubt if self.rerun_in_doubt is None else self.rerun_in_doubt
 
 
 @dataclass(frozen=True)
@@ -260,6 +285,10 @@ class AgentDef:
     def check(self, bound_capabilities: typing.Collection[str] | None = None) -> None:
         """Raise ToolContractError for a registration that cannot work, before any model call."""
         provided = self.runtime_context_type()
+        check_one_contract_per_id(
+            (f"agent {self.name!r}, key {key!r}", reg.tool)
+            for key, reg in self.registrations().items()
+        )
         for key, reg in self.registrations().items():
             needed = reg.tool.context
             if needed is not None and reg.map_context is None:
@@ -295,6 +324,7 @@ class AgentDef:
                     "needs_approval": reg.needs_approval
                     if isinstance(reg.needs_approval, bool)
                     else "resolver",
+                    "rerun_in_doubt": reg.reruns_in_doubt,
                 }
                 for key, reg in self.registrations().items()
             ],
@@ -328,6 +358,25 @@ def define_agent(
     )
     agent.check()
     return agent
+
+
+def check_one_contract_per_id(
+    definitions: typing.Iterable[tuple[str, ToolDef[Any, Any, Any]]],
+) -> None:
+    """Raise ToolContractError if one tool id comes with two different input or output
+    schemas among ``definitions`` (``(where, definition)`` pairs)."""
+    first: dict[str, tuple[str, dict[str, Any]]] = {}
+    for where, definition in definitions:
+        schemas = definition.schemas()
+        seen = first.setdefault(definition.id, (where, schemas))
+        for part in ("input_schema", "output_schema"):
+            if seen[1][part] != schemas[part]:
+                raise ToolContractError(
+                    f"tool id {definition.id!r} has two different {part.replace('_', ' ')}s "
+                    f"({seen[0]}: {json.dumps(seen[1][part], sort_keys=True)}; {where}: "
+                    f"{json.dumps(schemas[part], sort_keys=True)}); one id is one contract, "
+                    "give a changed contract a new id"
+                )
 
 
 # -- structural compatibility of contexts --------------------------------------------
@@ -462,6 +511,7 @@ __all__ = [
     "ToolDef",
     "ToolFailure",  # in errors.py; re-exported here for existing imports
     "ToolOutcomeInfo",
+    "check_one_contract_per_id",
     "context_gap",
     "define_agent",
     "define_tool",

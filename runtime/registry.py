@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from .context import HandlerContext
-from .contracts import AgentDef
+from .contracts import AgentDef, check_one_contract_per_id
 from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
 from .schema import Collection
 from .urls import validate_type_name
@@ -73,6 +73,11 @@ class Registry:
         """Record an agent definition (``define_agent``) so the manifest lists its contract."""
         if agent.name in self._agents:
             raise DuplicateTypeError(f"agent {agent.name!r} is already registered")
+        check_one_contract_per_id(  # one id, one contract across the registry's agents
+            (f"agent {a.name!r}, key {key!r}", reg.tool)
+            for a in [*self._agents.values(), agent]
+            for key, reg in a.registrations().items()
+        )
         self._agents[agent.name] = agent
         return agent
 

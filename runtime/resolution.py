@@ -136,6 +136,8 @@ class _BoundRegistration:
             parameters=definition.input,
             execute=self.execute,
             label=definition.id,
+            id=definition.id,
+            rerun_when_in_doubt=self.reg.reruns_in_doubt,
             enabled=self.enabled,
             client_routed=definition.client_routed,
             output_schema=(

@@ -1,4 +1,11 @@
-"""The runtime's own tools (``ctx.runtime_tools``): message, dispatch, schedule.
+"""The runtime's own tools (``ctx.runtime_tools``): message, spawn an agent, schedule.
+
+Their names must leave the names a user's own tools take in the documented examples
+free (``memory_store``, ``dispatch``, ``calculator``): ``tools=[*ctx.runtime_tools,
+dispatch_tool]`` must work. The spawning tool was called ``dispatch`` before; a call
+journaled under that name still finds it (``AgentTool.former_names``) unless the
+agent has a tool of its own named ``dispatch``. Each has a stable id
+(``wakeful.runtime.<name>/v1``), recorded with its persisted calls.
 
 Effects made inside a tool call get idempotency keys and child ids derived
 from the ``tool_call_id`` (see ``Activation.next_key``), so a call that is run
@@ -49,7 +56,7 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
         await ctx.send(p.url, p.text)
         return ToolResult(f"Message sent to {p.url}.", details={"url": p.url})
 
-    async def dispatch(
+    async def spawn_agent(
         call_id: str, p: Dispatch, signal: CancelSignal, on_update: Any
     ) -> ToolResult:
         child = await ctx.spawn(
@@ -73,19 +80,26 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
 
     return [
         AgentTool(
-            "send_message", "Send a text message to another entity.", SendMessage, send_message
+            "send_message",
+            "Send a text message to another entity.",
+            SendMessage,
+            send_message,
+            id="wakeful.runtime.send_message/v1",
         ),
         AgentTool(
-            "dispatch",
+            "spawn_agent",
             "Hand a task to a new child agent of the given type. Returns at once; you are "
             "woken with the child's answer when its run finishes.",
             Dispatch,
-            dispatch,
+            spawn_agent,
+            id="wakeful.runtime.spawn_agent/v1",
+            former_names=("dispatch",),
         ),
         AgentTool(
             "schedule_message",
             "Send a message later (a durable timer that survives restarts).",
             ScheduleMessage,
             schedule_message,
+            id="wakeful.runtime.schedule_message/v1",
         ),
     ]
