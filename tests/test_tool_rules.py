@@ -3,6 +3,7 @@ contexts, ids of persisted calls, one spec per id, in-doubt calls, collisions.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any, Protocol
 
@@ -11,18 +12,21 @@ import pytest
 
 from wakeful import (
     AgentDef,
+    AgentTool,
     HandlerContext,
     Registration,
     Registry,
+    RunFailedError,
     Runtime,
     ScriptedModel,
     ToolContext,
     ToolContractError,
     define_agent,
+    define_tool,
     tool,
 )
 from wakeful.contracts import ApprovalInfo, CallInfo
-from wakeful.events import ToolOutcome
+from wakeful.events import ActionRequested, ToolIntent, ToolOutcome, decode_event
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -282,3 +286,261 @@ def test_no_raw_python_error_escapes_define_agent():
     for needed in (dict[str, str], Odd):
         with pytest.raises(ToolContractError):
             agent_with(resolver_of(WithUserAndMore), needed, [])
+
+
+# -- ids of persisted calls ------------------------------------------------------------
+
+
+def upper_tool(
+    executions: list[str] | None = None, id: str = "acme.upper/v1", **options: Any
+) -> Any:
+    async def execute(ctx: ToolContext[Text, None]) -> Upper:
+        if executions is not None:
+            executions.append(ctx.tool_call_id)
+        return Upper(ctx.input.text.upper())
+
+    return define_tool(
+        id=id, description="Uppercase a text.", input=Text, output=Upper, execute=execute, **options
+    )
+
+
+async def restart(cluster: Any, old: Runtime, reg: Registry, **overrides: Any) -> Runtime:
+    """Stop ``old`` (gracefully) and start a worker with the registry ``reg``."""
+    await old.close()
+    cluster.runtimes.remove(old)
+    return await cluster.runtime(reg, **overrides)
+
+
+async def test_the_tool_id_is_recorded_with_every_persisted_call(cluster):
+    model = ScriptedModel(
+        [step(use("c1", "up", text="a")), step(use("c2", "careful", text="b")), "done"]
+    )
+    agent = define_agent(
+        name="ids",
+        instructions=".",
+        model=model,
+        tools={
+            "up": upper_tool(),
+            "careful": Registration(upper_tool(id="acme.careful/v1"), needs_approval=True),
+        },
+    )
+    rt = await cluster.runtime(app(agent))
+    await rt.send(URL, "go")
+    await rt.wait_idle(URL)
+    [action] = await rt.pending_actions(URL)
+    assert (action.tool, action.tool_id) == ("careful", "acme.careful/v1")
+    await rt.approve(URL, "c2")
+    await rt.wait_idle(URL)
+    history = await rt.history(URL)
+    intents = {c.id: c.tool_id for e in history if isinstance(e, ToolIntent) for c in e.calls}
+    assert intents == {"c1": "acme.upper/v1", "c2": "acme.careful/v1"}
+    assert {k: o.tool_id for k, o in (await outcomes(rt)).items()} == intents
+
+
+def test_events_written_before_tool_ids_are_still_read():
+    old = [  # as msgpack in the log; none has a tool_id
+        {"t": "tool_intent", "run_id": "r1", "calls": [{"id": "c1", "name": "up", "input": {}}]},
+        {
+            "t": "tool_result",
+            "run_id": "r1",
+            "tool_call_id": "c1",
+            "name": "up",
+            "content": [{"type": "text", "text": "X"}],
+        },
+        {
+            "t": "action_requested",
+            "run_id": "r1",
+            "tool_call_id": "c2",
+            "tool": "up",
+            "kind": "approval",
+        },
+    ]
+    intent, result, action = (decode_event(msgspec.msgpack.encode(raw)) for raw in old)
+    assert isinstance(intent, ToolIntent) and intent.calls[0].tool_id is None
+    assert isinstance(result, ToolOutcome) and result.tool_id is None
+    assert isinstance(action, ActionRequested) and action.tool_id is None
+
+
+async def test_a_pending_action_that_meets_another_tool_id_is_failed_naming_both(cluster):
+    executions: list[str] = []
+    model = ScriptedModel([step(use("c1", "up", text="a")), "told"])
+
+    def agent(tool_id: str) -> AgentDef:
+        tools = {"up": Registration(upper_tool(executions, id=tool_id), needs_approval=True)}
+        return define_agent(name="ids", instructions=".", model=model, tools=tools)
+
+    first = await cluster.runtime(app(agent("acme.upper/v1")))
+    await first.send(URL, "go")
+    await first.wait_idle(URL)
+    [action] = await first.pending_actions(URL)
+    assert action.tool_id == "acme.upper/v1"
+    second = await restart(cluster, first, app(agent("acme.upper/v2")))
+    await second.approve(URL, "c1")
+    await second.wait_idle(URL)
+    assert executions == []  # never run against the new contract
+    text = results_in(model.requests[1])["c1"]["content"][0]["text"]
+    assert "'acme.upper/v1'" in text and "'acme.upper/v2'" in text
+    assert (await outcomes(second))["c1"].is_error
+
+
+class Blocking:
+    """A typed tool whose first call blocks until its worker stops it."""
+
+    def __init__(self, tool_id: str = "acme.blocking/v1", **options: Any) -> None:
+        self.executions: list[str] = []
+        self.started = asyncio.Event()
+        self.tool = define_tool(
+            id=tool_id,
+            description=".",
+            input=Text,
+            output=Upper,
+            execute=self.execute,
+            **options,
+        )
+
+    async def execute(self, ctx: ToolContext[Text, None]) -> Upper:
+        self.executions.append(ctx.tool_call_id)
+        if len(self.executions) == 1:
+            self.started.set()
+            await asyncio.Event().wait()  # until the worker stops (cancels) the call
+        return Upper(ctx.input.text.upper())
+
+
+async def stop_mid_call(
+    cluster: Any, first_agent: AgentDef, started: asyncio.Event, then: AgentDef
+) -> Runtime:
+    """Run ``first_agent`` until its tool call started, stop that worker gracefully (the
+    call is then in doubt: intent, no result), and finish on a worker with ``then``."""
+    first = await cluster.runtime(app(first_agent), shutdown_grace_s=0)
+    await first.send(URL, "go")
+    await asyncio.wait_for(started.wait(), 15)
+    second = await restart(cluster, first, app(then))
+    assert (await second.wait_idle(URL, timeout=20)).status == "idle"
+    return second
+
+
+def blocking_agent(model: Any, tool: Any, name: str = "doubt") -> AgentDef:
+    return define_agent(name=name, instructions=".", model=model, tools={"slow": tool})
+
+
+async def test_an_in_doubt_typed_call_is_not_run_again_and_the_model_is_told(cluster):
+    blocking = Blocking()
+    model = ScriptedModel([step(use("c1", "slow", text="a")), "told"])
+    agent = blocking_agent(model, blocking.tool)
+    rt = await stop_mid_call(cluster, agent, blocking.started, agent)
+    assert blocking.executions == ["c1"]
+    outcome = (await outcomes(rt))["c1"]
+    assert outcome.is_error and "was interrupted" in outcome.content[0]["text"]
+    assert "was interrupted" in results_in(model.requests[-1])["c1"]["content"][0]["text"]
+    assert agent.manifest()["tools"][0]["rerun_in_doubt"] is False
+
+
+@pytest.mark.parametrize("where", ["tool", "registration"])
+async def test_a_typed_call_that_opts_in_runs_again_with_the_same_id(cluster, where: str):
+    blocking = Blocking(**({"rerun_in_doubt": True} if where == "tool" else {}))
+    tool_or_reg = (
+        blocking.tool if where == "tool" else Registration(blocking.tool, rerun_in_doubt=True)
+    )
+    model = ScriptedModel([step(use("c1", "slow", text="a")), "done"])
+    agent = blocking_agent(model, tool_or_reg)
+    rt = await stop_mid_call(cluster, agent, blocking.started, agent)
+    assert blocking.executions == ["c1", "c1"]
+    assert (await outcomes(rt))["c1"].details == {"output": {"upper": "A"}}
+    assert agent.manifest()["tools"][0]["rerun_in_doubt"] is True
+
+
+async def test_an_in_doubt_call_that_meets_another_tool_id_is_refused_naming_both(cluster):
+    first = Blocking("acme.slow/v1", rerun_in_doubt=True)
+    then = Blocking("acme.slow/v2", rerun_in_doubt=True)
+    model = ScriptedModel([step(use("c1", "slow", text="a")), "told"])
+    rt = await stop_mid_call(
+        cluster,
+        blocking_agent(model, first.tool),
+        first.started,
+        blocking_agent(model, then.tool),
+    )
+    assert (first.executions, then.executions) == (["c1"], [])
+    text = (await outcomes(rt))["c1"].content[0]["text"]
+    assert "'acme.slow/v1'" in text and "'acme.slow/v2'" in text
+
+
+# -- one id, one contract --------------------------------------------------------------
+
+
+class Other(msgspec.Struct):
+    other: int
+
+
+def test_one_id_with_two_input_or_output_schemas_is_rejected_at_define_agent():
+    async def execute(ctx: ToolContext[Any, None]) -> Any:
+        return None
+
+    same_id = {"id": "acme.upper/v1", "description": ".", "execute": execute}
+    other_input = define_tool(input=Other, output=Upper, **same_id)
+    other_output = define_tool(input=Text, output=Other, **same_id)
+    for changed, part in ((other_input, "input schema"), (other_output, "output schema")):
+        with pytest.raises(ToolContractError, match=f"'acme.upper/v1' has two different {part}s"):
+            define_agent(
+                name="a", instructions=".", model="m", tools={"up": upper_tool(), "x": changed}
+            )
+    # across the agents of one registry
+    reg = Registry()
+    reg.agent(define_agent(name="a", instructions=".", model="m", tools={"up": upper_tool()}))
+    with pytest.raises(ToolContractError, match=r"agent 'a', key 'up'.*agent 'b', key 'x'"):
+        reg.agent(define_agent(name="b", instructions=".", model="m", tools={"x": other_input}))
+    assert [a["name"] for a in reg.manifest()["agents"]] == ["a"]
+
+
+async def test_one_id_with_two_schemas_is_rejected_at_use_agent(cluster):
+    errors: list[Exception] = []
+    model = ScriptedModel(["never"])
+    agent = define_agent(name="a", instructions=".", model=model, tools={"up": upper_tool()})
+    reg = Registry()
+
+    @reg.entity("bot")
+    async def bot(ctx: HandlerContext) -> None:
+        async def other(call_id: str, p: Other, signal: Any, on_update: Any) -> str:
+            return "x"
+
+        extra = AgentTool("shout", ".", Other, other, id="acme.upper/v1")
+        try:
+            ctx.use_agent(agent, tools=[extra])
+        except ToolContractError as exc:
+            errors.append(exc)
+        ctx.reply("checked")
+
+    rt = await cluster.runtime(reg)
+    assert await rt.ask(URL, "go") == "checked"
+    [error] = errors
+    assert "'acme.upper/v1'" in str(error) and "input schema" in str(error)
+
+
+# -- client tools: names and ids -------------------------------------------------------
+
+
+LOCATION = {
+    "name": "getLocation",
+    "description": "Where the user is",
+    "input_schema": {"type": "object", "properties": {}},
+}
+
+
+async def test_a_client_tool_colliding_with_a_backend_tool_id_fails_the_run(cluster):
+    executions: list[str] = []
+    model = ScriptedModel(["never"])
+    backend = upper_tool(executions, id="client:getLocation")
+    agent = define_agent(name="c", instructions=".", model=model, tools={"locate": backend})
+    rt = await cluster.runtime(app(agent))
+    with pytest.raises(RunFailedError, match=r"'client:getLocation'.*backend tool 'locate'"):
+        await rt.ask(URL, "where am I?", client_tools=[LOCATION], timeout=10)
+    assert model.requests == []
+
+
+async def test_a_backend_tool_whose_id_starts_with_client_is_not_replaced_by_name(cluster):
+    model = ScriptedModel(["never"])
+    backend = upper_tool(id="client:getLocation")
+    agent = define_agent(name="c", instructions=".", model=model, tools={"getLocation": backend})
+    rt = await cluster.runtime(app(agent))
+    with pytest.raises(RunFailedError, match="collides with a backend tool"):
+        await rt.ask(URL, "where am I?", client_tools=[LOCATION], timeout=10)
+    assert model.requests == []
