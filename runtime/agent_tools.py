@@ -92,6 +92,19 @@ class AgentTool:
         except msgspec.ValidationError as exc:
             raise ValueError(str(exc)) from None
 
+    def manifest(self) -> dict[str, Any]:
+        """What ``wakeful manifest`` shows of a tool: its name (the key the model sees),
+        id, schemas, and whether a call in doubt is run again."""
+        return {
+            "key": self.name,
+            "id": self.id,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+            "output_schema": self.output_schema,
+            "client_routed": self.client_routed,
+            "rerun_in_doubt": self.rerun_when_in_doubt,
+        }
+
     def spec(self) -> dict[str, Any]:
         return {
             "name": self.name,

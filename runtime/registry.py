@@ -18,6 +18,7 @@ import msgspec
 from .context import HandlerContext
 from .contracts import AgentDef, check_one_contract_per_id
 from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
+from .runtime_tools import runtime_tool_manifest
 from .schema import Collection
 from .urls import validate_type_name
 
@@ -151,6 +152,7 @@ class Registry:
             "version": 1,
             "types": [t.manifest() for t in self._types.values()],
             "agents": [a.manifest() for a in self._agents.values()],
+            "runtime_tools": runtime_tool_manifest(),  # ctx.runtime_tools
         }
 
     def manifest_json(self) -> str:

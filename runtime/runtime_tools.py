@@ -17,7 +17,7 @@ The input structs are defined once, here; the typed versions of these tools
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import msgspec
 
@@ -46,6 +46,12 @@ class ScheduleMessage(msgspec.Struct):
     ]
     text: str
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, description="Seconds from now")]
+
+
+def runtime_tool_manifest() -> list[dict[str, Any]]:
+    """The runtime tools as ``wakeful manifest`` lists them (no wake needed: the tools
+    only use their context when they run)."""
+    return [t.manifest() for t in runtime_tools(cast("HandlerContext", None))]
 
 
 def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:

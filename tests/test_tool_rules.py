@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any, Protocol
 
 import msgspec
@@ -21,6 +22,7 @@ from wakeful import (
     ScriptedModel,
     ToolContext,
     ToolContractError,
+    cli,
     define_agent,
     define_tool,
     tool,
@@ -544,3 +546,45 @@ async def test_a_backend_tool_whose_id_starts_with_client_is_not_replaced_by_nam
     with pytest.raises(RunFailedError, match="collides with a backend tool"):
         await rt.ask(URL, "where am I?", client_tools=[LOCATION], timeout=10)
     assert model.requests == []
+
+
+# -- the manifest ----------------------------------------------------------------------
+
+MANIFEST_APP = """
+import msgspec
+from wakeful import Registration, Registry, define_agent, define_tool
+
+class Text(msgspec.Struct):
+    text: str
+
+class Upper(msgspec.Struct):
+    upper: str
+
+async def execute(ctx):
+    return Upper(ctx.input.text.upper())
+
+upper = define_tool(id="acme.upper/v1", description=".", input=Text, output=Upper,
+                    execute=execute)
+registry = Registry()
+registry.agent(define_agent(name="shouter", instructions=".", model="claude-x", tools={
+    "upper": upper, "again": Registration(upper, rerun_in_doubt=True)}))
+"""
+
+
+def test_wakeful_manifest_shows_ids_keys_schemas_and_rerun_in_doubt(
+    tmp_path: Any, monkeypatch: Any, capsys: Any
+):
+    (tmp_path / "toolids_manifest_app.py").write_text(MANIFEST_APP)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["manifest", "toolids_manifest_app"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    [agent] = manifest["agents"]
+    shown = [(t["key"], t["id"], t["rerun_in_doubt"]) for t in agent["tools"]]
+    assert shown == [("upper", "acme.upper/v1", False), ("again", "acme.upper/v1", True)]
+    assert agent["tools"][0]["input_schema"]["properties"] == {"text": {"type": "string"}}
+    assert agent["tools"][0]["output_schema"]["properties"] == {"upper": {"type": "string"}}
+    runtime = {t["key"]: t for t in manifest["runtime_tools"]}
+    assert runtime["spawn_agent"]["id"] == "wakeful.runtime.spawn_agent/v1"
+    assert runtime["spawn_agent"]["rerun_in_doubt"] is True
+    assert runtime["spawn_agent"]["input_schema"]["required"] == ["agent", "task"]
+    assert "dispatch" not in runtime
