@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import msgspec
 import pytest
 
+from tests.faults import crash_and_recover
 from wakeful import (
     AgentDef,
     AgentTool,
@@ -289,6 +290,18 @@ def test_no_raw_python_error_escapes_define_agent():
         with pytest.raises(ToolContractError):
             agent_with(resolver_of(WithUserAndMore), needed, [])
 
+    async def plain(call_id: str, p: Text, signal: Any, on_update: Any) -> str:
+        return "x"
+
+    for tools, problem in (
+        ([whoami([])], "tools must map keys"),
+        ({"who": AgentTool("who", ".", Text, plain)}, "'who' must be define_tool"),
+        ({"who": Registration(AgentTool("who", ".", Text, plain))}, "'who' must be define_tool"),
+        ({"who are you": whoami([])}, "tool key 'who are you' must be"),
+    ):
+        with pytest.raises(ToolContractError, match=problem):
+            define_agent(name="a", instructions=".", model="m", tools=tools)  # type: ignore[arg-type]
+
 
 # -- ids of persisted calls ------------------------------------------------------------
 
@@ -435,6 +448,19 @@ async def test_an_in_doubt_typed_call_is_not_run_again_and_the_model_is_told(clu
     assert outcome.is_error and "was interrupted" in outcome.content[0]["text"]
     assert "was interrupted" in results_in(model.requests[-1])["c1"]["content"][0]["text"]
     assert agent.manifest()["tools"][0]["rerun_in_doubt"] is False
+
+
+async def test_a_typed_call_whose_result_a_crash_lost_is_not_run_again(cluster):
+    executions: list[str] = []
+    model = ScriptedModel([step(use("c1", "up", text="a")), "told"])
+    agent = define_agent(
+        name="crash", instructions=".", model=model, tools={"up": upper_tool(executions)}
+    )
+    # Commits: 1 the user turn, 2 the step, 3 the intent, 4 the result: die before 4.
+    rt = await crash_and_recover(cluster, app(agent), URL, "go", "flush:before-commit", 4)
+    assert executions == ["c1"]
+    outcome = (await outcomes(rt))["c1"]
+    assert outcome.is_error and "was interrupted" in outcome.content[0]["text"]
 
 
 @pytest.mark.parametrize("where", ["tool", "registration"])
