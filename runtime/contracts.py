@@ -412,6 +412,10 @@ def _context_gap(provided: Any, needed: Any) -> str | None:
     wanted = _fields(needed)
     have = _fields(provided) if isinstance(provided, type) else {}
     for name, (wanted_type, required) in wanted.items():
+        if wanted_type is _METHOD:
+            if not callable(getattr(provided, name, None)):
+                return f"it has no method {name!r}"
+            continue
         if name not in have:
             if required:
                 return f"it has no field {name!r}"
@@ -421,6 +425,9 @@ def _context_gap(provided: Any, needed: Any) -> str | None:
                 f"its field {name!r} is {_type_name(have[name][0])}, not {_type_name(wanted_type)}"
             )
     return None
+
+
+_METHOD = object()  # the "type" of a method member of a Protocol
 
 
 def _is_protocol(tp: Any) -> bool:
@@ -452,7 +459,7 @@ def _fields(tp: type) -> dict[str, tuple[Any, bool]]:
         if protocol:  # the methods a Protocol declares are members too
             for name, value in base.__dict__.items():
                 if not name.startswith("_") and callable(value):
-                    fields[name] = (Any, True)
+                    fields[name] = (_METHOD, True)
     return fields
 
 

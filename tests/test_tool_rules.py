@@ -199,6 +199,19 @@ class HasUser(Protocol):
     user_id: str
 
 
+class Scoped(Protocol):
+    user_id: str
+
+    def scope(self) -> str: ...
+
+
+class ScopedUser(msgspec.Struct):
+    user_id: str
+
+    def scope(self) -> str:
+        return "all"
+
+
 class WithUserAndMore(msgspec.Struct):  # unrelated to UserCtx, with every field it needs
     org_id: str
     user_id: str
@@ -244,8 +257,15 @@ def resolver_of(tp: type, **fields: Any) -> Any:
         (DataUser, {"user_id": "u"}, UserCtx, UserCtx("u")),
         (WithUserAndMore, {"org_id": "o", "user_id": "u"}, HasUser, None),
         (DataUser, {"user_id": "u"}, HasUser, None),
+        (ScopedUser, {"user_id": "u"}, Scoped, None),
     ],
-    ids=["struct-with-more-fields", "dataclass", "protocol-struct", "protocol-dataclass"],
+    ids=[
+        "struct-with-more-fields",
+        "dataclass",
+        "protocol-struct",
+        "protocol-dataclass",
+        "protocol-with-a-method",
+    ],
 )
 async def test_a_runtime_context_that_provides_the_fields_a_tool_needs_is_accepted(
     cluster, provided: type, fields: dict[str, Any], needed: Any, received: Any
@@ -267,6 +287,7 @@ async def test_a_runtime_context_that_provides_the_fields_a_tool_needs_is_accept
         (Missing, UserCtx, "it has no field 'user_id'"),
         (Missing, HasUser, "it has no field 'user_id'"),
         (WrongType, HasUser, "its field 'user_id' is int, not str"),
+        (WithUserAndMore, Scoped, "it has no method 'scope'"),
     ],
 )
 def test_a_runtime_context_missing_a_field_or_of_the_wrong_type_is_rejected(
