@@ -244,18 +244,17 @@ class ToolCalls:
         call_id, name = call["id"], call["name"]
         tool = self.tool_named(name)
         who = f" by {answer.by}" if answer.by else ""
-        request = self._system.answered.get(call_id)
-        changed = contract_change(name, request.tool_id, tool) if request and tool else None
-        if changed is not None:
-            await self._refuse(
-                run_id, call_id, name, f"The {answer.decision} was rejected. {changed}"
-            )
-            return None
         if answer.decision in ("failed", "cancelled", "expired", "denied"):
             reason = answer.error or "no reason given"
             await self._refuse(
                 run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
             )
+            return None
+        request = self._system.answered.get(call_id)
+        changed = contract_change(name, request.tool_id, tool) if request and tool else None
+        if changed is not None:  # an output or an approval for another contract
+            what = "submitted output" if answer.decision == "output" else "approval"
+            await self._refuse(run_id, call_id, name, f"The {what} was rejected. {changed}")
             return None
         if tool is None or not await tool.is_enabled():
             await self._refuse(

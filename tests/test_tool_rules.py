@@ -397,23 +397,34 @@ def test_events_written_before_tool_ids_are_still_read():
     assert isinstance(action, ActionRequested) and action.tool_id is None
 
 
-async def test_a_pending_action_that_meets_another_tool_id_is_failed_naming_both(cluster):
+@pytest.mark.parametrize("kind", ["approval", "client"])
+async def test_a_pending_action_that_meets_another_tool_id_is_failed_naming_both(
+    cluster, kind: str
+):
     executions: list[str] = []
+    observed: list[Any] = []
     model = ScriptedModel([step(use("c1", "up", text="a")), "told"])
 
     def agent(tool_id: str) -> AgentDef:
-        tools = {"up": Registration(upper_tool(executions, id=tool_id), needs_approval=True)}
-        return define_agent(name="ids", instructions=".", model=model, tools=tools)
+        if kind == "approval":
+            reg = Registration(upper_tool(executions, id=tool_id), needs_approval=True)
+        else:  # no execute: the client answers
+            client = define_tool(id=tool_id, description=".", input=Text, output=Upper)
+            reg = Registration(client, on_output=observed.append)
+        return define_agent(name="ids", instructions=".", model=model, tools={"up": reg})
 
     first = await cluster.runtime(app(agent("acme.upper/v1")))
     await first.send(URL, "go")
     await first.wait_idle(URL)
     [action] = await first.pending_actions(URL)
-    assert action.tool_id == "acme.upper/v1"
+    assert (action.kind, action.tool_id) == (kind, "acme.upper/v1")
     second = await restart(cluster, first, app(agent("acme.upper/v2")))
-    await second.approve(URL, "c1")
+    if kind == "approval":
+        await second.approve(URL, "c1")
+    else:
+        await second.submit_tool_result(URL, "c1", {"upper": "A"})
     await second.wait_idle(URL)
-    assert executions == []  # never run against the new contract
+    assert executions == [] and observed == []  # never taken by the new contract
     text = results_in(model.requests[1])["c1"]["content"][0]["text"]
     assert "'acme.upper/v1'" in text and "'acme.upper/v2'" in text
     assert (await outcomes(second))["c1"].is_error
