@@ -13,9 +13,11 @@ Everything is journaled in the entity log and committed as it happens:
 If the worker dies, the next one replays the handler and ``run()`` resumes from
 the journal: journaled steps are not sent to the model again, settled calls
 are not executed again, and a call with an intent but no result is *in doubt*:
-it is run again with the same ``tool_call_id`` (its idempotency key) unless the
-tool says it must not be (``rerun_when_in_doubt=False``), in which case the model
-gets an error result saying the call was interrupted.
+it is run again with the same ``tool_call_id`` (its idempotency key) if the tool
+allows it (``AgentTool.rerun_when_in_doubt``: plain tools do unless created with
+``False``; typed tools only with ``rerun_in_doubt=True``), else the model gets an
+error result saying the call was interrupted. A call in doubt recorded with
+another tool id than the tool now under its name is never run (see agent_calls.py).
 
 The loop does not see the handler context: ``ctx.use_agent`` hands it an
 :class:`AgentWake` with what it needs of the wake (the inputs, the activation it
