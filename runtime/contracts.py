@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -346,18 +347,53 @@ def define_agent(
     ``options`` are the loop's (``max_steps``, ``max_run_tokens``,
     ``max_output_tokens``, ``tool_concurrency``): an unknown or mistyped one is a
     :class:`ToolContractError` here."""
-    check_agent_options(options, f"define_agent({name!r})")
+    where = f"define_agent({name!r})"
+    check_agent_options(options, where)
     agent = AgentDef(
         name=name,
         instructions=instructions,
         model=model,
-        tools=dict(tools or {}),
+        tools=_checked_tools(tools, where),
         runtime_context=runtime_context,
         lifecycle=lifecycle,
         options=options,
     )
-    agent.check()
+    try:
+        agent.check()
+    except ToolContractError:
+        raise
+    except Exception as exc:  # no raw Python error escapes define_agent
+        raise ToolContractError(f"{where}: {type(exc).__name__}: {exc}") from exc
     return agent
+
+
+_TOOL_KEY = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # the tool names the model APIs accept
+
+
+def _checked_tools(
+    tools: Any, where: str
+) -> dict[str, ToolDef[Any, Any, Any] | Registration[Any, Any, Any]]:
+    """``tools`` as a dict, each key a valid tool name and each value a tool definition
+    or a Registration of one; else a ToolContractError naming the entry."""
+    if tools is None:
+        return {}
+    if not isinstance(tools, Mapping):
+        raise ToolContractError(
+            f"{where}: tools must map keys (the names the model sees) to define_tool(...) "
+            f"or Registration(...), got {type(tools).__name__}"
+        )
+    for key, value in tools.items():
+        if not isinstance(key, str) or not _TOOL_KEY.fullmatch(key):
+            raise ToolContractError(
+                f"{where}: tool key {key!r} must be 1 to 64 letters, digits, '_' or '-'"
+            )
+        definition = value.tool if isinstance(value, Registration) else value
+        if not isinstance(definition, ToolDef):
+            raise ToolContractError(
+                f"{where}: tool {key!r} must be define_tool(...) or Registration(...), got "
+                f"{type(definition).__name__} (plain AgentTools go to use_agent(tools=[...]))"
+            )
+    return dict(tools)
 
 
 def check_one_contract_per_id(
