@@ -2,7 +2,7 @@
 
 The ``assistant`` keeps facts in its ``kv`` collection (the ``memory`` tool),
 does arithmetic with the ``calculator``, and hands research to a
-``researcher`` child with the runtime's ``dispatch`` tool. It never waits for
+``researcher`` child with the runtime's ``spawn_agent`` tool. It never waits for
 the child: its run ends after dispatching, and the child's finished run wakes
 it again with the findings, which it then answers with.
 
@@ -154,7 +154,7 @@ def assistant_step(request: ModelRequest) -> ModelResponse:
     if _RESEARCH.search(text):
         task = text.strip()
         return _call(
-            request, "dispatch", {"agent": "researcher", "task": task}, "I'll delegate that."
+            request, "spawn_agent", {"agent": "researcher", "task": task}, "I'll delegate that."
         )
     if (found := _CALCULATE.search(text)) and _ARITHMETIC.search(found.group(1)):
         return _call(request, "calculator", {"expression": found.group(1).strip()})
@@ -203,7 +203,7 @@ def _after_tools(request: ModelRequest, results: list[dict[str, Any]]) -> str:
         elif name == "getSelectedText":
             selected = _selected(text)
             lines.append(f"You selected: {selected}" if selected else "You have selected nothing.")
-        elif name == "dispatch":
+        elif name in ("spawn_agent", "dispatch"):  # "dispatch": its name in older logs
             lines.append(
                 "I've asked a researcher to look into it; I'll answer as soon as it reports back."
             )
@@ -228,7 +228,7 @@ def _call(
 
     ``ScriptedModel`` numbers calls per model instance (``toolu_1_0``), and a new
     instance serves every wake, so its ids would repeat across runs. The
-    ``dispatch`` tool derives the child id and the effect keys from the call id:
+    ``spawn_agent`` tool derives the child id and the effect keys from the call id:
     repeated ids would make a second dispatch reuse the first child (and its
     spawn be dropped as a duplicate). The conversation (with the entity URL in
     the system prompt) only grows, so a digest of it is unique and, unlike a

@@ -193,7 +193,8 @@ async def _print_journal(rt: Runtime, url: str, skip: int, indent: str) -> int:
         elif isinstance(event, ToolOutcome):
             text = "".join(b.get("text", "") for b in event.content)
             _wrapped(indent, "  error" if event.is_error else "  result", text)
-            if event.name == "dispatch" and isinstance(event.details, dict):
+            spawned = event.name in ("spawn_agent", "dispatch")  # "dispatch" in older logs
+            if spawned and isinstance(event.details, dict):
                 dispatched.append(event.details["child"])
         elif isinstance(event, RunFinished):
             _say(

@@ -147,10 +147,10 @@ def expired(action: ActionRequested) -> bool:
 # -- frontend-defined client tools --------------------------------------------------
 
 RESERVED_PREFIX = "wakeful"
-RESERVED_NAMES = frozenset(
+RESERVED_NAMES = frozenset(  # the runtime tools' names (runtime_tools)
     {
         "send_message",
-        "dispatch",
+        "spawn_agent",
         "schedule_message",
         "upsert_cron_schedule",
         "list_schedules",

@@ -13,9 +13,11 @@ Everything is journaled in the entity log and committed as it happens:
 If the worker dies, the next one replays the handler and ``run()`` resumes from
 the journal: journaled steps are not sent to the model again, settled calls
 are not executed again, and a call with an intent but no result is *in doubt*:
-it is run again with the same ``tool_call_id`` (its idempotency key) unless the
-tool says it must not be (``rerun_when_in_doubt=False``), in which case the model
-gets an error result saying the call was interrupted.
+it is run again with the same ``tool_call_id`` (its idempotency key) if the tool
+allows it (``AgentTool.rerun_when_in_doubt``: plain tools do unless created with
+``False``; typed tools only with ``rerun_in_doubt=True``), else the model gets an
+error result saying the call was interrupted. A call in doubt recorded with
+another tool id than the tool now under its name is never run (see agent_calls.py).
 
 The loop does not see the handler context: ``ctx.use_agent`` hands it an
 :class:`AgentWake` with what it needs of the wake (the inputs, the activation it
@@ -33,7 +35,7 @@ import msgspec
 
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
-from .errors import ModelError, ToolBugError, WakeInterrupted
+from .errors import ModelError, ToolBugError, ToolContractError, WakeInterrupted
 from .events import AssistantStep, Message, ToolOutcome, UserTurn
 from .history import project, render_input, tool_uses
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
@@ -91,6 +93,7 @@ class Agent(ToolCalls):
         self.max_output_tokens = max_output_tokens
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
         self.after_tool_result = None  # set for typed agents (see ToolCalls)
+        self._client_tools: set[str] = set()  # the names of the client's tools, once offered
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
@@ -99,8 +102,18 @@ class Agent(ToolCalls):
         return [e for e in self._system.history if e.run_id == run_id]
 
     def add_tool(self, tool: AgentTool) -> None:
+        """Add a tool; its name must be new, and a tool of the same id must have the same
+        input and output schemas (one id, one contract)."""
         if tool.name in self.tools:
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        for other in self.tools.values():
+            if tool.id is not None and other.id == tool.id:
+                differs = schema_difference(other, tool)
+                if differs is not None:
+                    raise ToolContractError(
+                        f"tool id {tool.id!r} is registered as {other.name!r} and {tool.name!r} "
+                        f"with different {differs}s; one id is one contract"
+                    )
         self.tools[tool.name] = tool
 
     def _offer_client_tools(self, run_id: str) -> str | None:
@@ -115,18 +128,28 @@ class Agent(ToolCalls):
             None,
         )
         for spec in snapshot or []:
-            existing = self.tools.get(spec["name"])
-            if existing is not None and not existing.label.startswith("client:"):
-                return f"the client tool {spec['name']!r} collides with a backend tool of that name"
-            self.tools[spec["name"]] = AgentTool(
-                name=spec["name"],
+            name, tool_id = spec["name"], f"client:{spec['name']}"
+            if name in self._client_tools:
+                continue  # offered by an earlier run() of this wake
+            if name in self.tools:
+                return f"the client tool {name!r} collides with a backend tool of that name"
+            same_id = next((t for t in self.tools.values() if t.id == tool_id), None)
+            if same_id is not None:
+                return (
+                    f"the client tool {name!r} (id {tool_id!r}) collides with the backend "
+                    f"tool {same_id.name!r} of that id"
+                )
+            self.tools[name] = AgentTool(
+                name=name,
                 description=spec.get("description", ""),
                 parameters=spec["input_schema"],
                 execute=_client_side,
-                label=f"client:{spec['name']}",
+                label=tool_id,
                 client_routed=True,
                 output_schema=spec.get("output_schema"),
+                id=tool_id,
             )
+            self._client_tools.add(name)
         return None
 
     async def run(self) -> RunResult:
@@ -287,6 +310,15 @@ class Agent(ToolCalls):
     def _check_signal(self) -> None:
         if self.wake.signal.cancelled or self.wake.signal.lease_lapsed():
             raise StopRun
+
+
+def schema_difference(one: AgentTool, other: AgentTool) -> str | None:
+    """``"input schema"`` or ``"output schema"`` if the two tools' schemas differ."""
+    if one.input_schema() != other.input_schema():
+        return "input schema"
+    if one.output_schema != other.output_schema:
+        return "output schema"
+    return None
 
 
 async def _client_side(*_: Any) -> ToolResult:  # pragma: no cover - never called

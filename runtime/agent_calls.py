@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,7 +76,7 @@ class ToolCalls:
     wake: AgentWake
     tools: dict[str, AgentTool]
     # Set for typed agents (resolution.py): sees the errors the loop produces itself.
-    after_tool_result: Callable[[str, str, str], ToolResult | None] | None
+    after_tool_result: Callable[[str, str, str], Awaitable[ToolResult | None]] | None
     _tool_slots: asyncio.Semaphore
     _commit_lock: asyncio.Lock
 
@@ -119,7 +119,7 @@ class ToolCalls:
     async def _run_tools(self, run_id: str, step: AssistantStep, history: list[Any]) -> None:
         """Settle every call of ``step``: run it, or give the model an error result."""
         outcomes = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
-        intents = {c.id for e in history if isinstance(e, ToolIntent) for c in e.calls}
+        intents = {c.id: c for e in history if isinstance(e, ToolIntent) for c in e.calls}
         to_run: list[Call] = []
         system = self._system
         waiting = False
@@ -135,7 +135,7 @@ class ToolCalls:
             elif call_id in system.actions:
                 waiting = True  # its pending tool action is not answered yet
             else:
-                admitted = await self._admit(run_id, call, step, in_doubt=call_id in intents)
+                admitted = await self._admit(run_id, call, step, intents.get(call_id))
                 if admitted == "wait":
                     waiting = True
                 elif admitted is not None:
@@ -145,11 +145,20 @@ class ToolCalls:
         if waiting:
             raise SuspendRun
 
+    def tool_named(self, name: str) -> AgentTool | None:
+        """The tool a call names: by its name, or by a name it had before (the calls
+        journaled before a rename), unless another tool now has that name."""
+        tool = self.tools.get(name)
+        if tool is None:
+            tool = next((t for t in self.tools.values() if name in t.former_names), None)
+        return tool
+
     async def _admit(
-        self, run_id: str, call: dict[str, Any], step: AssistantStep, *, in_doubt: bool
+        self, run_id: str, call: dict[str, Any], step: AssistantStep, intent: ToolCall | None
     ) -> Call | Literal["wait"] | None:
         """A call not settled yet: return it to run, make it wait for a pending tool action
-        (``"wait"``), or refuse it with an error result (``None``)."""
+        (``"wait"``), or refuse it with an error result (``None``). With an ``intent`` the
+        call is in doubt: it started and its result was never committed."""
         call_id, name = call["id"], call["name"]
         if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
             await self._refuse(
@@ -159,22 +168,29 @@ class ToolCalls:
                 "The response hit max_tokens before this call was complete, so it was not run.",
             )
             return None
-        tool = self.tools.get(name)
+        tool = self.tool_named(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             await self._refuse(
                 run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}."
             )
             return None
-        if in_doubt and not tool.rerun_when_in_doubt:
-            await self._refuse(
-                run_id,
-                call_id,
-                name,
-                "This call was interrupted (the worker stopped while it ran) and the tool "
-                "must not be run twice, so it was not retried. Its effect is unknown.",
-            )
-            return None
+        if intent is not None:
+            changed = contract_change(name, intent.tool_id, tool)
+            if changed is not None:
+                await self._refuse(run_id, call_id, name, changed, tool.id)
+                return None
+            if not tool.rerun_when_in_doubt:
+                await self._refuse(
+                    run_id,
+                    call_id,
+                    name,
+                    "This call was interrupted (the worker stopped while it ran) and the "
+                    "tool is not run again when in doubt, so it was not retried. Its effect "
+                    "is unknown.",
+                    tool.id,
+                )
+                return None
         if not await tool.is_enabled():
             await self._refuse(
                 run_id, call_id, name, f"The tool {name!r} is disabled and cannot run now."
@@ -197,8 +213,9 @@ class ToolCalls:
         request = ActionRequested(
             run_id=run_id,
             tool_call_id=call["id"],
-            tool=tool.name,
+            tool=call["name"],
             kind="client" if tool.client_routed else "approval",
+            tool_id=tool.id,
             input=call.get("input"),
             input_schema=tool.input_schema(),
             output_schema=tool.output_schema,
@@ -225,13 +242,19 @@ class ToolCalls:
         """Turn the answer to a pending action into the call's result; for an approval,
         return the call to run (with the edited input, validated again)."""
         call_id, name = call["id"], call["name"]
-        tool = self.tools.get(name)
+        tool = self.tool_named(name)
         who = f" by {answer.by}" if answer.by else ""
         if answer.decision in ("failed", "cancelled", "expired", "denied"):
             reason = answer.error or "no reason given"
             await self._refuse(
                 run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
             )
+            return None
+        request = self._system.answered.get(call_id)
+        changed = contract_change(name, request.tool_id, tool) if request and tool else None
+        if changed is not None:  # an output or an approval for another contract
+            what = "submitted output" if answer.decision == "output" else "approval"
+            await self._refuse(run_id, call_id, name, f"The {what} was rejected. {changed}")
             return None
         if tool is None or not await tool.is_enabled():
             await self._refuse(
@@ -248,7 +271,7 @@ class ToolCalls:
                 stored = answer.output
                 result = ToolResult(json.dumps(stored, ensure_ascii=False), {"output": stored})
             await self._outcome(
-                run_id, call_id, name, result.content, result.is_error, result.details
+                run_id, call_id, name, result.content, result.is_error, result.details, tool.id
             )
             return None
         edited = answer.edited_input if answer.edited_input is not None else call.get("input")
@@ -259,11 +282,13 @@ class ToolCalls:
             return None
         return ({**call, "input": edited}, tool, params)
 
-    async def _start(self, run_id: str, to_run: list[Call], intents: set[str]) -> None:
+    async def _start(
+        self, run_id: str, to_run: list[Call], intents: Mapping[str, ToolCall]
+    ) -> None:
         """Journal the intents of ``to_run`` (one commit), then run them concurrently."""
         new_intents = [
-            ToolCall(id=c["id"], name=c["name"], input=c.get("input"))
-            for c, _, _ in to_run
+            ToolCall(id=c["id"], name=c["name"], input=c.get("input"), tool_id=t.id)
+            for c, t, _ in to_run
             if c["id"] not in intents
         ]
         if new_intents:
@@ -273,7 +298,7 @@ class ToolCalls:
     async def _execute(
         self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any
     ) -> None:
-        call_id = call["id"]
+        call_id, name = call["id"], call["name"]
         live = self.wake.live
 
         def on_update(update: Any) -> None:
@@ -289,7 +314,7 @@ class ToolCalls:
                     result = await tool.execute(call_id, params, self.wake.signal, on_update)
                 except ToolBugError as bug:
                     await self._outcome(
-                        run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
+                        run_id, call_id, name, bug.public, True, {"traceback": bug.detail}, tool.id
                     )
                     raise
                 # A failing tool is reported to the model, not a failed run. (CancelledError
@@ -303,21 +328,24 @@ class ToolCalls:
                 result = ToolResult(result)
             await live.drain()
             await self._outcome(
-                run_id, call_id, tool.name, result.content, result.is_error, result.details
+                run_id, call_id, name, result.content, result.is_error, result.details, tool.id
             )
         finally:
             CURRENT_TOOL_CALL.reset(scope)
 
-    async def _refuse(self, run_id: str, call_id: str, name: str, message: str) -> None:
+    async def _refuse(
+        self, run_id: str, call_id: str, name: str, message: str, tool_id: str | None = None
+    ) -> None:
         """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
         interrupted, cut off): an error result, unless ``after_tool_result`` turns it
         into an output."""
-        result = self.after_tool_result(name, call_id, message) if self.after_tool_result else None
+        hook = self.after_tool_result
+        result = await hook(name, call_id, message) if hook is not None else None
         if result is None:
-            await self._outcome(run_id, call_id, name, message, True)
+            await self._outcome(run_id, call_id, name, message, True, tool_id=tool_id)
         else:
             await self._outcome(
-                run_id, call_id, name, result.content, result.is_error, result.details
+                run_id, call_id, name, result.content, result.is_error, result.details, tool_id
             )
 
     async def _outcome(
@@ -328,6 +356,7 @@ class ToolCalls:
         content: Content,
         is_error: bool,
         details: Any = None,
+        tool_id: str | None = None,
     ) -> None:
         await self._journal(
             ToolOutcome(
@@ -337,5 +366,18 @@ class ToolCalls:
                 content=content_blocks(content),
                 is_error=is_error,
                 details=msgspec.to_builtins(details) if details is not None else None,
+                tool_id=tool_id,
             )
         )
+
+
+def contract_change(name: str, recorded: str | None, tool: AgentTool) -> str | None:
+    """Why a persisted call (recorded with tool id ``recorded``) must not meet ``tool``:
+    the name now belongs to another contract. ``None`` when the ids agree, or when the
+    call recorded none (a tool without an id, or a log older than ids)."""
+    if recorded is None or recorded == tool.id:
+        return None
+    return (
+        f"This call was made to tool {name!r} with id {recorded!r}, but {name!r} is now "
+        f"tool {tool.id!r}: it is not run against another contract."
+    )

@@ -45,7 +45,7 @@ class AgentTool:
     description: str
     parameters: type | dict[str, Any]
     execute: Callable[[str, Any, CancelSignal, OnUpdate], Awaitable[ToolResult | Content]]
-    label: str = ""
+    label: str = ""  # a display name for clients
     rerun_when_in_doubt: bool = True
     # Checked before every model step (a disabled tool is left out of the request)
     # and before every execution (a call to a disabled tool gets an error result).
@@ -60,6 +60,13 @@ class AgentTool:
     # the call waits for rt.approve / rt.deny first.
     needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None
     action_ttl: float | None = None  # a pending action expires (as a failure) after this
+    # The stable wire identity, recorded with every persisted call (intent, result,
+    # pending action): a call recorded with another id is never run against this tool.
+    # Typed tools have their contract's id, client tools ``client:<name>``.
+    id: str | None = None
+    # Names the tool had before (a call journaled under one still finds it), unless a
+    # tool of the agent now has that name.
+    former_names: tuple[str, ...] = ()
 
     async def is_enabled(self) -> bool:
         return True if self.enabled is None else bool(await self.enabled())
@@ -84,6 +91,19 @@ class AgentTool:
             return msgspec.convert(raw, self.parameters)
         except msgspec.ValidationError as exc:
             raise ValueError(str(exc)) from None
+
+    def manifest(self) -> dict[str, Any]:
+        """What ``wakeful manifest`` shows of a tool: its name (the key the model sees),
+        id, schemas, and whether a call in doubt is run again."""
+        return {
+            "key": self.name,
+            "id": self.id,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+            "output_schema": self.output_schema,
+            "client_routed": self.client_routed,
+            "rerun_in_doubt": self.rerun_when_in_doubt,
+        }
 
     def spec(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,7 @@ import msgspec
 
 from .activation import Activation
 from .agent import Agent, AgentTool, AgentWake
+from .agent_options import check_agent_options
 from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
 from .contracts import AgentDef
@@ -156,6 +157,7 @@ class HandlerContext:
         ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
         ``tool_concurrency``.
         """
+        check_agent_options(options, "use_agent")
         wake = AgentWake(
             entity_url=self.entity_url,
             inputs=self.wake.events,

@@ -22,7 +22,11 @@ traceback stays in the log, and clients see a redacted error.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
+import re
+import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
+from .agent_options import check_agent_options
 from .agent_tools import Content, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
@@ -74,20 +79,28 @@ class ToolDef(Generic[In, Out, Ctx]):
     capabilities: frozenset[str] = frozenset()
     execute: Callable[[ToolContext[In, Ctx]], Awaitable[Out]] | None = None
     to_model_output: Callable[[Out], Content] | None = None
+    rerun_in_doubt: bool = False
 
     @property
     def client_routed(self) -> bool:
         return self.execute is None
 
+    def schemas(self) -> dict[str, Any]:
+        """The input and output JSON Schemas (what one id must always mean)."""
+        return {
+            "input_schema": struct_schema(self.input),
+            "output_schema": struct_schema(self.output) if self.output is not None else None,
+        }
+
     def manifest(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "description": self.description,
-            "input_schema": struct_schema(self.input),
-            "output_schema": struct_schema(self.output) if self.output is not None else None,
+            **self.schemas(),
             "context": _type_name(self.context),
             "capabilities": sorted(self.capabilities),
             "client_routed": self.client_routed,
+            "rerun_in_doubt": self.rerun_in_doubt,
         }
 
 
@@ -101,8 +114,15 @@ def define_tool(
     capabilities: typing.Iterable[str] = (),
     execute: Callable[[ToolContext[In, Ctx]], Awaitable[Out]] | None = None,
     to_model_output: Callable[[Out], Content] | None = None,
+    rerun_in_doubt: bool = False,
 ) -> ToolDef[In, Out, Ctx]:
-    """Define a tool contract. Without ``execute`` the tool is client-routed."""
+    """Define a tool contract. Without ``execute`` the tool is client-routed.
+
+    ``rerun_in_doubt``: a call interrupted while it ran (the worker stopped before its
+    result was committed) is run again, with the same ``tool_call_id``. By default it
+    is not: the model is told the call was interrupted. Opt in only for an ``execute``
+    that is safe to repeat (idempotent, or keyed by ``tool_call_id``); a registration
+    may override it."""
     if not isinstance(id, str) or not id.strip():
         raise ToolContractError(f"a tool id must be a non-empty string, got {id!r}")
     for name, value in (("input", input), ("output", output)):
@@ -123,6 +143,7 @@ def define_tool(
         capabilities=frozenset(capabilities),
         execute=execute,
         to_model_output=to_model_output,
+        rerun_in_doubt=rerun_in_doubt,
     )
 
 
@@ -135,6 +156,7 @@ def tool(
     context: type[Ctx] | None = None,
     capabilities: typing.Iterable[str] = (),
     to_model_output: Callable[[Out], Content] | None = None,
+    rerun_in_doubt: bool = False,
 ) -> Callable[[Callable[[ToolContext[In, Ctx]], Awaitable[Out]]], ToolDef[In, Out, Ctx]]:
     """Decorator form: ``@tool(id=..., description=..., input=..., output=...)``.
 
@@ -153,6 +175,7 @@ def tool(
             capabilities=capabilities,
             execute=execute,
             to_model_output=to_model_output,
+            rerun_in_doubt=rerun_in_doubt,
         )
 
     return decorate
@@ -220,6 +243,12 @@ class Registration(Generic[In, Out, Ctx]):
     needs_approval: bool | Callable[[ApprovalInfo], bool | Awaitable[bool]] = False
     # A pending action (client tool or approval) expires as a failure after this many seconds.
     action_ttl: float | None = None
+    # Run a call again when in doubt (see define_tool); None: the tool's own setting.
+    rerun_in_doubt: bool | None = None
+
+    @property
+    def reruns_in_doubt(self) -> bool:
+        return self.tool.rerun_in_doubt if self.rerun_in_doubt is None else self.rerun_in_doubt
 
 
 @dataclass(frozen=True)
@@ -241,22 +270,36 @@ class AgentDef:
         }
 
     def runtime_context_type(self) -> type | None:
+        """The declared return type of the ``runtime_context`` resolver (of its awaited
+        value, for an ``async def``)."""
         if self.runtime_context is None:
             return None
-        hints = typing.get_type_hints(self.runtime_context)
+        try:
+            hints = typing.get_type_hints(self.runtime_context)
+        except Exception as exc:  # an annotation that does not resolve (NameError, ...)
+            raise ToolContractError(
+                f"agent {self.name!r}: the return annotation of runtime_context "
+                f"{_type_name(self.runtime_context)} cannot be resolved: {exc}"
+            ) from None
         return hints.get("return")
 
     def check(self, bound_capabilities: typing.Collection[str] | None = None) -> None:
         """Raise ToolContractError for a registration that cannot work, before any model call."""
         provided = self.runtime_context_type()
+        check_one_contract_per_id(
+            (f"agent {self.name!r}, key {key!r}", reg.tool)
+            for key, reg in self.registrations().items()
+        )
         for key, reg in self.registrations().items():
             needed = reg.tool.context
-            if needed is not None and reg.map_context is None and not _satisfies(provided, needed):
-                raise ToolContractError(
-                    f"agent {self.name!r}: tool {reg.tool.id!r} registered as {key!r} needs "
-                    f"context {_type_name(needed)}, but the agent's runtime context is "
-                    f"{_type_name(provided)}; register it with map_context=..."
-                )
+            if needed is not None and reg.map_context is None:
+                gap = context_gap(provided, needed)
+                if gap is not None:
+                    raise ToolContractError(
+                        f"agent {self.name!r}: tool {reg.tool.id!r} registered as {key!r} "
+                        f"needs context {_type_name(needed)}, but the agent's runtime context "
+                        f"is {_type_name(provided)} ({gap}); register it with map_context=..."
+                    )
             if bound_capabilities is not None:
                 missing = reg.tool.capabilities - set(bound_capabilities)
                 if missing:
@@ -282,6 +325,7 @@ class AgentDef:
                     "needs_approval": reg.needs_approval
                     if isinstance(reg.needs_approval, bool)
                     else "resolver",
+                    "rerun_in_doubt": reg.reruns_in_doubt,
                 }
                 for key, reg in self.registrations().items()
             ],
@@ -298,24 +342,195 @@ def define_agent(
     lifecycle: Lifecycle | None = None,
     **options: Any,
 ) -> AgentDef:
-    """Define an agent; use it from a handler with ``ctx.use_agent(agent)``."""
+    """Define an agent; use it from a handler with ``ctx.use_agent(agent)``.
+
+    ``options`` are the loop's (``max_steps``, ``max_run_tokens``,
+    ``max_output_tokens``, ``tool_concurrency``): an unknown or mistyped one is a
+    :class:`ToolContractError` here."""
+    where = f"define_agent({name!r})"
+    check_agent_options(options, where)
     agent = AgentDef(
         name=name,
         instructions=instructions,
         model=model,
-        tools=dict(tools or {}),
+        tools=_checked_tools(tools, where),
         runtime_context=runtime_context,
         lifecycle=lifecycle,
         options=options,
     )
-    agent.check()
+    try:
+        agent.check()
+    except ToolContractError:
+        raise
+    except Exception as exc:  # no raw Python error escapes define_agent
+        raise ToolContractError(f"{where}: {type(exc).__name__}: {exc}") from exc
     return agent
 
 
-def _satisfies(provided: type | None, needed: type) -> bool:
+_TOOL_KEY = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # the tool names the model APIs accept
+
+
+def _checked_tools(
+    tools: Any, where: str
+) -> dict[str, ToolDef[Any, Any, Any] | Registration[Any, Any, Any]]:
+    """``tools`` as a dict, each key a valid tool name and each value a tool definition
+    or a Registration of one; else a ToolContractError naming the entry."""
+    if tools is None:
+        return {}
+    if not isinstance(tools, Mapping):
+        raise ToolContractError(
+            f"{where}: tools must map keys (the names the model sees) to define_tool(...) "
+            f"or Registration(...), got {type(tools).__name__}"
+        )
+    for key, value in tools.items():
+        if not isinstance(key, str) or not _TOOL_KEY.fullmatch(key):
+            raise ToolContractError(
+                f"{where}: tool key {key!r} must be 1 to 64 letters, digits, '_' or '-'"
+            )
+        definition = value.tool if isinstance(value, Registration) else value
+        if not isinstance(definition, ToolDef):
+            raise ToolContractError(
+                f"{where}: tool {key!r} must be define_tool(...) or Registration(...), got "
+                f"{type(definition).__name__} (plain AgentTools go to use_agent(tools=[...]))"
+            )
+    return dict(tools)
+
+
+def check_one_contract_per_id(
+    definitions: typing.Iterable[tuple[str, ToolDef[Any, Any, Any]]],
+) -> None:
+    """Raise ToolContractError if one tool id comes with two different input or output
+    schemas among ``definitions`` (``(where, definition)`` pairs)."""
+    first: dict[str, tuple[str, dict[str, Any]]] = {}
+    for where, definition in definitions:
+        schemas = definition.schemas()
+        seen = first.setdefault(definition.id, (where, schemas))
+        for part in ("input_schema", "output_schema"):
+            if seen[1][part] != schemas[part]:
+                raise ToolContractError(
+                    f"tool id {definition.id!r} has two different {part.replace('_', ' ')}s "
+                    f"({seen[0]}: {json.dumps(seen[1][part], sort_keys=True)}; {where}: "
+                    f"{json.dumps(schemas[part], sort_keys=True)}); one id is one contract, "
+                    "give a changed contract a new id"
+                )
+
+
+# -- structural compatibility of contexts --------------------------------------------
+
+
+def context_gap(provided: Any, needed: Any) -> str | None:
+    """Why a runtime context of type ``provided`` cannot be handed to a tool that declares
+    context ``needed``; ``None`` if it can.
+
+    It can when it is that type or a subclass, or structurally: it has every field (or
+    member, for a ``Protocol``) that ``needed`` requires, each of a compatible type. Never
+    raises anything but :class:`ToolContractError`."""
+    try:
+        return _context_gap(provided, needed)
+    except ToolContractError:
+        raise
+    except Exception as exc:  # a type hint that does not resolve, an odd type object
+        raise ToolContractError(
+            f"cannot compare the context {_type_name(needed)} with {_type_name(provided)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _context_gap(provided: Any, needed: Any) -> str | None:
     if provided is None:
-        return False
-    return provided is needed or (isinstance(provided, type) and issubclass(provided, needed))
+        return "no runtime_context resolver with a return annotation"
+    if provided is needed or needed is Any:
+        return None
+    if not isinstance(needed, type):
+        return f"{_type_name(needed)} is not a class"
+    if isinstance(provided, type) and not _is_protocol(needed) and issubclass(provided, needed):
+        return None
+    wanted = _fields(needed)
+    have = _fields(provided) if isinstance(provided, type) else {}
+    for name, (wanted_type, required) in wanted.items():
+        if wanted_type is _METHOD:
+            if not callable(getattr(provided, name, None)):
+                return f"it has no method {name!r}"
+            continue
+        if name not in have:
+            if required:
+                return f"it has no field {name!r}"
+            continue
+        if not _type_fits(have[name][0], wanted_type):
+            return (
+                f"its field {name!r} is {_type_name(have[name][0])}, not {_type_name(wanted_type)}"
+            )
+    return None
+
+
+_METHOD = object()  # the "type" of a method member of a Protocol
+
+
+def _is_protocol(tp: Any) -> bool:
+    return isinstance(tp, type) and bool(getattr(tp, "_is_protocol", False))
+
+
+def _fields(tp: type) -> dict[str, tuple[Any, bool]]:
+    """The fields a type declares: name -> (type, required)."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return {f.name: (f.type, f.required) for f in msgspec.structs.fields(tp)}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return {
+            f.name: (
+                hints.get(f.name, Any),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(tp)
+        }
+    fields: dict[str, tuple[Any, bool]] = {}
+    protocol = _is_protocol(tp)
+    for base in reversed(tp.__mro__):
+        if base in (object, typing.Generic) or getattr(base, "__module__", "") == "typing":
+            continue
+        hints = typing.get_type_hints(base)
+        for name in inspect.get_annotations(base):
+            if not name.startswith("_"):
+                fields[name] = (hints.get(name, Any), protocol or not hasattr(base, name))
+        if protocol:  # the methods a Protocol declares are members too
+            for name, value in base.__dict__.items():
+                if not name.startswith("_") and callable(value):
+                    fields[name] = (_METHOD, True)
+    return fields
+
+
+def _type_fits(have: Any, wanted: Any) -> bool:
+    """A value of type ``have`` is acceptable where ``wanted`` is declared."""
+    if have == wanted or wanted is Any:
+        return True
+    wanted_arms = _union_arms(wanted)
+    have_arms = _union_arms(have)
+    if len(have_arms) > 1:
+        return all(_type_fits(arm, wanted) for arm in have_arms)
+    if len(wanted_arms) > 1:
+        return any(_type_fits(have, arm) for arm in wanted_arms)
+    if isinstance(have, type) and isinstance(wanted, type) and not _is_protocol(wanted):
+        return issubclass(have, wanted)
+    return False
+
+
+def _union_arms(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def tool_context_value(needed: Any, runtime_context: Any) -> Any:
+    """The value a tool that declares context ``needed`` receives from the agent's
+    runtime context: the value itself for a ``Protocol`` or an instance of ``needed``;
+    for a Struct or dataclass context met structurally, a copy with exactly its fields."""
+    if needed is None:
+        return None
+    if not isinstance(needed, type) or _is_protocol(needed) or isinstance(runtime_context, needed):
+        return runtime_context
+    if issubclass(needed, msgspec.Struct) or dataclasses.is_dataclass(needed):
+        return msgspec.convert(runtime_context, needed, from_attributes=True)
+    return runtime_context
 
 
 def _type_name(value: Any) -> str | None:
@@ -339,7 +554,10 @@ __all__ = [
     "ToolDef",
     "ToolFailure",  # in errors.py; re-exported here for existing imports
     "ToolOutcomeInfo",
+    "check_one_contract_per_id",
+    "context_gap",
     "define_agent",
     "define_tool",
     "tool",
+    "tool_context_value",
 ]

@@ -265,6 +265,9 @@ class ToolCall(msgspec.Struct, kw_only=True):
     id: str
     name: str
     input: Any = None
+    # The stable id of the tool the call was made to (``acme.createTask/v1``), beside the
+    # name the model used; None for a tool without one and in logs written before it.
+    tool_id: str | None = None
 
 
 class ToolIntent(Event, tag="tool_intent"):
@@ -285,6 +288,7 @@ class ToolOutcome(Event, tag="tool_result"):
     content: list[dict[str, Any]]
     is_error: bool = False
     details: Any = None
+    tool_id: str | None = None  # the stable id of the tool (see ToolCall.tool_id)
 
 
 class ActionRequested(Event, tag="action_requested"):
@@ -296,6 +300,7 @@ class ActionRequested(Event, tag="action_requested"):
     tool_call_id: str
     tool: str  # the registration key (the name the model used)
     kind: Literal["client", "approval"]
+    tool_id: str | None = None  # the stable id of the tool (see ToolCall.tool_id)
     input: Any = None
     input_schema: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None

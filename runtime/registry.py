@@ -16,8 +16,9 @@ from typing import Any
 import msgspec
 
 from .context import HandlerContext
-from .contracts import AgentDef
+from .contracts import AgentDef, check_one_contract_per_id
 from .errors import DuplicateTypeError, InvalidArgsError, UnknownEntityTypeError
+from .runtime_tools import runtime_tool_manifest
 from .schema import Collection
 from .urls import validate_type_name
 
@@ -73,6 +74,11 @@ class Registry:
         """Record an agent definition (``define_agent``) so the manifest lists its contract."""
         if agent.name in self._agents:
             raise DuplicateTypeError(f"agent {agent.name!r} is already registered")
+        check_one_contract_per_id(  # one id, one contract across the registry's agents
+            (f"agent {a.name!r}, key {key!r}", reg.tool)
+            for a in [*self._agents.values(), agent]
+            for key, reg in a.registrations().items()
+        )
         self._agents[agent.name] = agent
         return agent
 
@@ -146,6 +152,7 @@ class Registry:
             "version": 1,
             "types": [t.manifest() for t in self._types.values()],
             "agents": [a.manifest() for a in self._agents.values()],
+            "runtime_tools": runtime_tool_manifest(),  # ctx.runtime_tools
         }
 
     def manifest_json(self) -> str:

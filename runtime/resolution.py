@@ -13,8 +13,8 @@ from __future__ import annotations
 import inspect
 import json
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -28,13 +28,16 @@ from .contracts import (
     Registration,
     ToolContext,
     ToolOutcomeInfo,
+    tool_context_value,
 )
 from .errors import ToolBugError, ToolFailure
 
 if TYPE_CHECKING:
     from .context import HandlerContext
 
-__all__ = ["loop_result_hook", "resolve_tools"]
+__all__ = ["loop_result_hook", "resolve_tools", "resolved"]
+
+T = TypeVar("T")
 
 
 def resolve_tools(
@@ -50,9 +53,11 @@ def resolve_tools(
     """
     agent.check(pool.bound)
 
-    def info() -> CallInfo:
+    async def info() -> CallInfo:
         identity, client_data = caller()
-        runtime_context = agent.runtime_context(identity) if agent.runtime_context else None
+        runtime_context = (
+            await resolved(agent.runtime_context(identity)) if agent.runtime_context else None
+        )
         return CallInfo(runtime_context, identity, client_data, ctx.entity_url, ctx.signal)
 
     return [
@@ -63,7 +68,7 @@ def resolve_tools(
 
 def loop_result_hook(
     agent: AgentDef, caller: Callable[[], tuple[Any, Any]], ctx: HandlerContext
-) -> Callable[[str, str, str], ToolResult | None] | None:
+) -> Callable[[str, str, str], Awaitable[ToolResult | None]] | None:
     """``lifecycle.after_tool_result`` for the errors the loop makes itself (unknown or
     disabled tool, bad arguments, interrupted or cut-off call), so it sees every result.
     An error it turns into an output then goes to the registration's ``on_output``."""
@@ -72,7 +77,7 @@ def loop_result_hook(
         return None
     registrations = agent.registrations()
 
-    def apply(name: str, call_id: str, message: str) -> ToolResult | None:
+    async def apply(name: str, call_id: str, message: str) -> ToolResult | None:
         outcome = hook(ToolOutcomeInfo(name=name, tool_call_id=call_id, error=message))
         if outcome is None or outcome.error is not None:
             error = outcome.error if outcome is not None and outcome.error is not None else message
@@ -83,7 +88,9 @@ def loop_result_hook(
         reg = registrations.get(name)
         if reg is not None and reg.on_output is not None:
             identity, client_data = caller()
-            runtime_context = agent.runtime_context(identity) if agent.runtime_context else None
+            runtime_context = (
+                await resolved(agent.runtime_context(identity)) if agent.runtime_context else None
+            )
             reg.on_output(
                 OutputInfo(
                     runtime_context,
@@ -111,7 +118,7 @@ class _BoundRegistration:
         agent: AgentDef,
         key: str,
         reg: Registration[Any, Any, Any],
-        info: Callable[[], CallInfo],
+        info: Callable[[], Awaitable[CallInfo]],
         pool: CapabilityPool,
     ) -> None:
         self.agent = agent
@@ -129,6 +136,8 @@ class _BoundRegistration:
             parameters=definition.input,
             execute=self.execute,
             label=definition.id,
+            id=definition.id,
+            rerun_when_in_doubt=self.reg.reruns_in_doubt,
             enabled=self.enabled,
             client_routed=definition.client_routed,
             output_schema=(
@@ -143,15 +152,16 @@ class _BoundRegistration:
         enabled = self.reg.enabled
         if isinstance(enabled, bool):
             return enabled
-        verdict = enabled(self.info())
-        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
+        return bool(await resolved(enabled(await self.info())))
 
     async def needs_approval(self, call_id: str, params: Any) -> bool:
         needs = self.reg.needs_approval
         if isinstance(needs, bool):
             return needs
-        verdict = needs(ApprovalInfo(**vars(self.info()), input=params, tool_call_id=call_id))
-        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
+        info = await self.info()
+        return bool(
+            await resolved(needs(ApprovalInfo(**vars(info), input=params, tool_call_id=call_id)))
+        )
 
     async def execute(self, call_id: str, params: Any, signal: Any, on_update: Any) -> ToolResult:
         definition, key = self.definition, self.key
@@ -160,15 +170,15 @@ class _BoundRegistration:
                 f"tool {key!r} is client-routed and cannot run on the server",
                 f"tool {definition.id!r} has no execute",
             )
-        call = self.info()
+        call = await self.info()
         if definition.context is None:
             tool_context = None
         elif self.reg.map_context is not None:
-            tool_context = self.reg.map_context(
-                call.runtime_context, call.identity, call.client_data
+            tool_context = await resolved(
+                self.reg.map_context(call.runtime_context, call.identity, call.client_data)
             )
         else:
-            tool_context = call.runtime_context
+            tool_context = tool_context_value(definition.context, call.runtime_context)
         resources = {name: await self.pool.get(name) for name in sorted(definition.capabilities)}
         tool_ctx = ToolContext(
             params, tool_context, signal, call_id, Capabilities(resources), on_update
@@ -189,7 +199,7 @@ class _BoundRegistration:
         except (msgspec.ValidationError, TypeError):
             params = raw_input
         outcome = ToolOutcomeInfo(name=self.key, tool_call_id=call_id, output=output)
-        return await self.settle(self.info(), call_id, params, outcome)
+        return await self.settle(await self.info(), call_id, params, outcome)
 
     async def settle(
         self, call: CallInfo, call_id: str, params: Any, outcome: ToolOutcomeInfo
@@ -231,6 +241,13 @@ class _BoundRegistration:
         else:
             content = json.dumps(stored, ensure_ascii=False)
         return ToolResult(content, details={"output": stored})
+
+
+async def resolved(value: T | Awaitable[T]) -> T:
+    """A resolver's answer: awaited if the resolver is ``async`` (any resolver may be)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 def _bug(key: str, call_id: str, detail: str) -> ToolBugError:

@@ -1,5 +1,13 @@
-"""The runtime's own tools (``ctx.runtime_tools``): message, dispatch, schedule, and the
-recurring schedules (``upsert_cron_schedule``, ``list_schedules``, ``delete_schedule``).
+"""The runtime's own tools (``ctx.runtime_tools``): message, spawn an agent, schedule a
+message, and the recurring schedules (``upsert_cron_schedule``, ``list_schedules``,
+``delete_schedule``).
+
+Their names must leave the names a user's own tools take in the documented examples
+free (``memory_store``, ``dispatch``, ``calculator``): ``tools=[*ctx.runtime_tools,
+dispatch_tool]`` must work. The spawning tool was called ``dispatch`` before; a call
+journaled under that name still finds it (``AgentTool.former_names``) unless the
+agent has a tool of its own named ``dispatch``. Each has a stable id
+(``wakeful.runtime.<name>/v1``), recorded with its persisted calls.
 
 Effects made inside a tool call get idempotency keys and child ids derived
 from the ``tool_call_id`` (see ``Activation.next_key``), so a call that is run
@@ -13,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import msgspec
 
@@ -76,6 +84,12 @@ def _seconds_until(due_ms: int) -> float:
     return round(max(0.0, due_ms / 1000 - time.time()), 1)
 
 
+def runtime_tool_manifest() -> list[dict[str, Any]]:
+    """The runtime tools as ``wakeful manifest`` lists them (no wake needed: the tools
+    only use their context when they run)."""
+    return [t.manifest() for t in runtime_tools(cast("HandlerContext", None))]
+
+
 def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
     async def send_message(
         call_id: str, p: SendMessage, signal: CancelSignal, on_update: Any
@@ -84,7 +98,7 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
         await ctx.send(p.url, p.text)
         return ToolResult(f"Message sent to {p.url}.", details={"url": p.url})
 
-    async def dispatch(
+    async def spawn_agent(
         call_id: str, p: Dispatch, signal: CancelSignal, on_update: Any
     ) -> ToolResult:
         child = await ctx.spawn(
@@ -166,20 +180,27 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
 
     return [
         AgentTool(
-            "send_message", "Send a text message to another entity.", SendMessage, send_message
+            "send_message",
+            "Send a text message to another entity.",
+            SendMessage,
+            send_message,
+            id="wakeful.runtime.send_message/v1",
         ),
         AgentTool(
-            "dispatch",
+            "spawn_agent",
             "Hand a task to a new child agent of the given type. Returns at once; you are "
             "woken with the child's answer when its run finishes.",
             Dispatch,
-            dispatch,
+            spawn_agent,
+            id="wakeful.runtime.spawn_agent/v1",
+            former_names=("dispatch",),
         ),
         AgentTool(
             "schedule_message",
             "Send a message later (a durable timer that survives restarts).",
             ScheduleMessage,
             schedule_message,
+            id="wakeful.runtime.schedule_message/v1",
         ),
         AgentTool(
             "upsert_cron_schedule",
@@ -187,17 +208,20 @@ def runtime_tools(ctx: HandlerContext) -> list[AgentTool]:
             "expression (in its time zone) you are woken with its payload. Survives restarts.",
             UpsertCronSchedule,
             upsert_cron_schedule,
+            id="wakeful.runtime.upsert_cron_schedule/v1",
         ),
         AgentTool(
             "list_schedules",
             "List your recurring schedules and your pending scheduled messages.",
             ListSchedules,
             list_schedules,
+            id="wakeful.runtime.list_schedules/v1",
         ),
         AgentTool(
             "delete_schedule",
             "Delete a recurring schedule, or cancel a pending scheduled message, by its id.",
             DeleteSchedule,
             delete_schedule,
+            id="wakeful.runtime.delete_schedule/v1",
         ),
     ]

@@ -107,6 +107,7 @@ class SystemState(msgspec.Struct, kw_only=True):
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
     actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
+    answered: dict[str, ActionRequested] = {}  # the requests those answers settled
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -137,11 +138,14 @@ class SystemState(msgspec.Struct, kw_only=True):
             self.history.append(event)
             if isinstance(event, ToolOutcome):
                 self.settled.pop(event.tool_call_id, None)
+                self.answered.pop(event.tool_call_id, None)
         elif isinstance(event, ActionRequested):
             self.actions[event.tool_call_id] = event
         elif isinstance(event, ActionSettled):
-            if self.actions.pop(event.tool_call_id, None) is not None:
+            request = self.actions.pop(event.tool_call_id, None)
+            if request is not None:
                 self.settled[event.tool_call_id] = event
+                self.answered[event.tool_call_id] = request
         elif isinstance(event, RunStarted):
             self.run = event.run_id
             self.run_started_ms = event.at_ms

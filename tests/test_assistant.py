@@ -259,13 +259,15 @@ async def _dispatch_ids(rt: Any, url: str) -> list[str]:
         b["id"]
         for s in steps
         for b in s.content
-        if b.get("type") == "tool_use" and b["name"] == "dispatch"
+        if b.get("type") == "tool_use" and b["name"] == "spawn_agent"
     ]
 
 
 async def _dispatched_children(rt: Any, url: str) -> list[str]:
     """The child urls the dispatch tool reported (its result details)."""
-    return [o.details["child"] for o in await _events(rt, url, ToolOutcome) if o.name == "dispatch"]
+    return [
+        o.details["child"] for o in await _events(rt, url, ToolOutcome) if o.name == "spawn_agent"
+    ]
 
 
 DERIVED_CHILD = re.compile(r"/researcher/researcher-[0-9a-f]{16}")
@@ -329,7 +331,7 @@ async def test_a_tool_call_id_reused_in_a_later_run_still_dispatches_a_new_child
     A replay of the same call is covered by the crash tests below."""
     reg = Registry()
     call = ScriptedModel.tool_calls(
-        ("dispatch", {"agent": "researcher", "task": "Work out 2 + 2."})
+        ("spawn_agent", {"agent": "researcher", "task": "Work out 2 + 2."})
     )
     call.content[0]["id"] = "toolu_same"
     model = ScriptedModel(
@@ -376,7 +378,8 @@ async def test_a_crash_around_the_dispatch_spawns_one_child(cluster, point: str,
     runs = await _events(second, ASSISTANT, RunFinished)
     assert runs[-1].status == "completed" and "6 * 7 = 42" in (runs[-1].response or "")
     assert (
-        len([o for o in await _events(second, ASSISTANT, ToolOutcome) if o.name == "dispatch"]) == 1
+        len([o for o in await _events(second, ASSISTANT, ToolOutcome) if o.name == "spawn_agent"])
+        == 1
     )
 
 

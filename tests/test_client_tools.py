@@ -62,7 +62,10 @@ def asks_location() -> ScriptedModel:
         ("nope", "client_tools must be a list"),
         ([42], "client_tools[0] must be an object"),
         ([{"name": "a b", "input_schema": {"type": "object"}}], "name 'a b' must be"),
-        ([{"name": "dispatch", "input_schema": {"type": "object"}}], "'dispatch' is reserved"),
+        (
+            [{"name": "spawn_agent", "input_schema": {"type": "object"}}],
+            "'spawn_agent' is reserved",
+        ),
         ([{"name": "wakeful_x", "input_schema": {"type": "object"}}], "'wakeful_x' is reserved"),
         ([{"name": "x", "input_schema": {"type": 5}}], "input_schema is not a valid JSON Schema"),
         ([{"name": "x", "input_schema": {"type": "string"}}], "must have type 'object'"),

@@ -179,7 +179,7 @@ async def test_create_and_error_classes(cluster):
             "/entities/echo/c1/messages",
             json={
                 "payload": "x",
-                "client_tools": [{"name": "dispatch", "input_schema": {"type": "object"}}],
+                "client_tools": [{"name": "spawn_agent", "input_schema": {"type": "object"}}],
             },
             headers=ALICE,
         )

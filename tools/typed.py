@@ -4,7 +4,9 @@
 in ``handler_ctx``; register them in a ``define_agent(tools=...)`` built in the
 handler. Effects made inside a call (messages, children, timers) get keys and
 ids derived from the ``tool_call_id``, so a call run again after a crash sends
-nothing twice and spawns no second child.
+nothing twice and spawns no second child; and a call's writes commit with its
+result. So these tools opt in to ``rerun_in_doubt``: a call interrupted by a
+worker stop runs again, with the same ``tool_call_id``.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ def typed_tools(
             "set, delete or list short facts by key.",
             input=MemoryInput,
             output=MemoryOutput,
+            rerun_in_doubt=True,
             execute=memory,
         ),
         "send_message": define_tool(
@@ -208,6 +211,7 @@ def typed_tools(
             description="Send a text message to another entity.",
             input=SendInput,
             output=SentOutput,
+            rerun_in_doubt=True,
             execute=send_message,
         ),
         "dispatch": define_tool(
@@ -216,6 +220,7 @@ def typed_tools(
             "you are woken with the child's answer when its run finishes.",
             input=DispatchInput,
             output=DispatchOutput,
+            rerun_in_doubt=True,
             execute=dispatch,
             to_model_output=dispatched,
         ),
@@ -224,6 +229,7 @@ def typed_tools(
             description="Evaluate an arithmetic expression exactly (never guess arithmetic).",
             input=Calculation,
             output=CalculatorOutput,
+            rerun_in_doubt=True,
             execute=calculator,
             to_model_output=calculated,
         ),
@@ -232,6 +238,7 @@ def typed_tools(
             description="Send a message later (a durable timer that survives restarts).",
             input=ScheduleInput,
             output=SentOutput,
+            rerun_in_doubt=True,
             execute=schedule_message,
         ),
         "list_schedules": define_tool(
@@ -239,6 +246,7 @@ def typed_tools(
             description="List your pending scheduled messages (id, url, text, seconds left).",
             input=NoInput,
             output=ScheduleList,
+            rerun_in_doubt=True,
             execute=list_schedules,
         ),
         "cancel_schedule": define_tool(
@@ -246,6 +254,7 @@ def typed_tools(
             description="Cancel a pending scheduled message by its id.",
             input=CancelInput,
             output=CancelOutput,
+            rerun_in_doubt=True,
             execute=cancel_schedule,
         ),
     }
