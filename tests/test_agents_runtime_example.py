@@ -23,6 +23,7 @@ from wakeful import (
     ToolResult,
     Wake,
 )
+from wakeful.actions import RESERVED_NAMES
 from wakeful.events import ToolOutcome, UserTurn
 from wakeful.models import ModelRequest, ModelResponse
 from wakeful.runtime_tools import Dispatch
@@ -125,16 +126,9 @@ async def test_the_agents_runtime_example_runs_as_written(cluster):
     turns = [e for e in await rt.history(COORDINATOR) if isinstance(e, UserTurn)]
     assert len(turns) == 2 and POEM in turns[1].content[0]["text"]  # the child's answer
     offered = [t["name"] for t in model.requests[0].tools]
-    assert sorted(offered) == sorted(
-        [
-            "send_message",
-            "spawn_agent",
-            "schedule_message",
-            "memory_store",
-            "dispatch",
-            "calculator",
-        ]
-    )
+    runtime_names = sorted(RESERVED_NAMES)  # the runtime's own tools, then the example's
+    assert sorted(offered) == sorted([*runtime_names, "memory_store", "dispatch", "calculator"])
+    assert "dispatch" not in runtime_names
     outcomes = {
         o.tool_call_id: o for o in await rt.history(COORDINATOR) if isinstance(o, ToolOutcome)
     }
