@@ -75,8 +75,9 @@ class ToolCalls:
 
     wake: AgentWake
     tools: dict[str, AgentTool]
-    # Set for typed agents (resolution.py): sees the errors the loop produces itself.
-    after_tool_result: Callable[[str, str, str], ToolResult | None] | None
+    # Set for typed agents (resolution.py): sees the errors the loop produces itself,
+    # given ``(name, tool_call_id, message, the call's input)``.
+    after_tool_result: Callable[[str, str, str, Any], Awaitable[ToolResult | None]] | None
     _tool_slots: asyncio.Semaphore
     _commit_lock: asyncio.Lock
 
@@ -154,36 +155,30 @@ class ToolCalls:
         if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
             await self._refuse(
                 run_id,
-                call_id,
-                name,
+                call,
                 "The response hit max_tokens before this call was complete, so it was not run.",
             )
             return None
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            await self._refuse(
-                run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}."
-            )
+            await self._refuse(run_id, call, f"Unknown tool {name!r}. Available tools: {known}.")
             return None
         if in_doubt and not tool.rerun_when_in_doubt:
             await self._refuse(
                 run_id,
-                call_id,
-                name,
+                call,
                 "This call was interrupted (the worker stopped while it ran) and the tool "
                 "must not be run twice, so it was not retried. Its effect is unknown.",
             )
             return None
         if not await tool.is_enabled():
-            await self._refuse(
-                run_id, call_id, name, f"The tool {name!r} is disabled and cannot run now."
-            )
+            await self._refuse(run_id, call, f"The tool {name!r} is disabled and cannot run now.")
             return None
         try:
             params = tool.parse(call.get("input"))
         except ValueError as exc:
-            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
+            await self._refuse(run_id, call, f"Invalid arguments for {name}: {exc}")
             return None
         if tool.client_routed or await tool.wants_approval(call_id, params):
             await self._request_action(run_id, call, tool)
@@ -229,15 +224,12 @@ class ToolCalls:
         who = f" by {answer.by}" if answer.by else ""
         if answer.decision in ("failed", "cancelled", "expired", "denied"):
             reason = answer.error or "no reason given"
-            await self._refuse(
-                run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
-            )
+            await self._refuse(run_id, call, f"The call was {answer.decision}{who}: {reason}")
             return None
         if tool is None or not await tool.is_enabled():
             await self._refuse(
                 run_id,
-                call_id,
-                name,
+                call,
                 f"The tool {name!r} is disabled; the {answer.decision} was rejected.",
             )
             return None
@@ -255,7 +247,7 @@ class ToolCalls:
         try:
             params = tool.parse(edited)
         except ValueError as exc:
-            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
+            await self._refuse(run_id, call, f"Invalid arguments for {name}: {exc}")
             return None
         return ({**call, "input": edited}, tool, params)
 
@@ -308,11 +300,13 @@ class ToolCalls:
         finally:
             CURRENT_TOOL_CALL.reset(scope)
 
-    async def _refuse(self, run_id: str, call_id: str, name: str, message: str) -> None:
+    async def _refuse(self, run_id: str, call: dict[str, Any], message: str) -> None:
         """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
         interrupted, cut off): an error result, unless ``after_tool_result`` turns it
-        into an output."""
-        result = self.after_tool_result(name, call_id, message) if self.after_tool_result else None
+        into an output (which the registration's ``on_output`` sees with the input)."""
+        call_id, name = call["id"], call["name"]
+        hook = self.after_tool_result
+        result = await hook(name, call_id, message, call.get("input")) if hook else None
         if result is None:
             await self._outcome(run_id, call_id, name, message, True)
         else:
