@@ -91,6 +91,7 @@ class Agent(ToolCalls):
         self.max_output_tokens = max_output_tokens
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
         self.after_tool_result = None  # set for typed agents (see ToolCalls)
+        self.on_runtime_error = None  # set for typed agents (see ToolCalls)
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
@@ -144,6 +145,7 @@ class Agent(ToolCalls):
         except StopRun:
             return await self._stopped(run_id)
         except ToolBugError as bug:
+            await self._report_bug(run_id, bug)
             return await self._finish(run_id, "failed", error=bug.public)
 
     async def _take_inputs(self) -> str | None:

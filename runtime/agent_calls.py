@@ -14,6 +14,7 @@ the agent's own module keeps the loop over model steps and the end of a run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from .activation import Activation
-from .agent_tools import AgentTool, Content, ToolResult, content_blocks
+from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult, content_blocks
 from .cancellation import CancelSignal
 from .errors import ToolBugError, WakeInterrupted
 from .events import (
@@ -33,6 +34,7 @@ from .events import (
     AssistantStep,
     Effect,
     LogRecord,
+    RuntimeErrorRecorded,
     ToolCall,
     ToolIntent,
     ToolOutcome,
@@ -43,6 +45,8 @@ from .live import LivePublisher
 from .scope import CURRENT_TOOL_CALL
 from .state import SystemState
 from .tasks import all_of, first_of
+
+_DETAIL_LIMIT = 64 * 1024  # characters of a bug's full error kept in its runtime_error event
 
 Call = tuple[dict[str, Any], AgentTool, Any]  # a call to run: its tool_use block, tool, arguments
 
@@ -78,6 +82,8 @@ class ToolCalls:
     # Set for typed agents (resolution.py): sees the errors the loop produces itself,
     # given ``(name, tool_call_id, message, the call's input)``.
     after_tool_result: Callable[[str, str, str, Any], Awaitable[ToolResult | None]] | None
+    # Set for typed agents (define_agent's on_runtime_error): told of every bug in full.
+    on_runtime_error: Callable[[RuntimeErrorInfo], Any] | None
     _tool_slots: asyncio.Semaphore
     _commit_lock: asyncio.Lock
 
@@ -279,9 +285,9 @@ class ToolCalls:
                 self._check_lease()
                 try:
                     result = await tool.execute(call_id, params, self.wake.signal, on_update)
-                except ToolBugError as bug:
+                except ToolBugError as bug:  # the run fails (Agent.run reports the bug)
                     await self._outcome(
-                        run_id, call_id, tool.name, bug.public, True, {"traceback": bug.detail}
+                        run_id, call_id, tool.name, bug.public, True, {"error": bug.public}
                     )
                     raise
                 # A failing tool is reported to the model, not a failed run. (CancelledError
@@ -299,6 +305,47 @@ class ToolCalls:
             )
         finally:
             CURRENT_TOOL_CALL.reset(scope)
+
+    async def _report_bug(self, run_id: str, bug: ToolBugError) -> None:
+        """A bug fails the run: its full error goes to operators only (the worker log,
+        the ``on_runtime_error`` hook, and a ``runtime_error`` event the gateway never
+        sends, committed with the run's end); clients see ``bug.public``."""
+        self.wake.log.error(
+            "run %s failed on a bug in tool %s (call %s): %s\n%s",
+            run_id,
+            bug.tool or "?",
+            bug.tool_call_id or "?",
+            bug.public,
+            bug.detail,
+        )
+        self.wake.activation.record(
+            RuntimeErrorRecorded(
+                run_id=run_id,
+                error=bug.public,
+                detail=bug.detail[-_DETAIL_LIMIT:],
+                tool_call_id=bug.tool_call_id,
+                tool=bug.tool,
+                at_ms=int(time.time() * 1000),
+            )
+        )
+        hook = self.on_runtime_error
+        if hook is None:
+            return
+        info = RuntimeErrorInfo(
+            entity_url=self.wake.entity_url,
+            run_id=run_id,
+            tool=bug.tool,
+            tool_call_id=bug.tool_call_id,
+            error=bug.public,
+            detail=bug.detail,
+            exception=bug.__cause__ or bug,
+        )
+        try:
+            reported = hook(info)
+            if inspect.isawaitable(reported):
+                await reported
+        except Exception:  # the run fails either way; a broken hook must not hide why
+            self.wake.log.exception("on_runtime_error raised while reporting run %s", run_id)
 
     async def _refuse(self, run_id: str, call: dict[str, Any], message: str) -> None:
         """A call the loop itself cannot run (unknown or disabled tool, bad arguments,

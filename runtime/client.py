@@ -48,6 +48,7 @@ from .events import (
     Message,
     Resumed,
     RunFinished,
+    RuntimeErrorRecorded,
     UndecodableRecord,
     decode_entry,
     encode_event,
@@ -379,6 +380,16 @@ class Runtime(PendingActions):
     async def history(self, url: str) -> list[HistoryEvent]:
         """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""
         return list((await self._folded(url)).system.history)
+
+    async def runtime_errors(self, url: str) -> list[RuntimeErrorRecorded]:
+        """The full errors of the bugs that failed runs of ``url`` (tracebacks, secret
+        values included), oldest first. For operators: the gateway never sends these
+        events to HTTP clients, who see only the redacted error of the run."""
+        return [
+            record.event
+            async for record in self.events(url)
+            if isinstance(record, LogRecord) and isinstance(record.event, RuntimeErrorRecorded)
+        ]
 
     async def conversation(self, url: str) -> list[dict[str, Any]]:
         """The conversation as the model sees it (Messages API messages)."""

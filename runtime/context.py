@@ -161,6 +161,7 @@ class HandlerContext:
             for tool in resolve_tools(definition, self, agent.caller, self._capabilities()):
                 agent.add_tool(tool)
             agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
+            agent.on_runtime_error = definition.on_runtime_error
         else:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")

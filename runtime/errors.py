@@ -282,12 +282,16 @@ class ToolFailure(WakefulError):
 
 class ToolBugError(WakefulError):
     """A tool broke (not a planned failure): the run fails. ``public`` is what clients
-    see; ``detail`` (the traceback) stays in the log."""
+    see; ``detail`` (the full error, a traceback) is for operators only: the agent's
+    ``on_runtime_error`` hook, the worker log, and a ``runtime_error`` event that the
+    gateway never sends (see ``Runtime.runtime_errors``)."""
 
-    def __init__(self, public: str, detail: str) -> None:
+    def __init__(self, public: str, detail: str, *, tool: str = "", tool_call_id: str = "") -> None:
         super().__init__(public)
         self.public = public
         self.detail = detail
+        self.tool = tool
+        self.tool_call_id = tool_call_id
 
 
 # -- engine-internal signals (plain exceptions: they never reach a caller) ---------------

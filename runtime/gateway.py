@@ -68,7 +68,7 @@ from .errors import (
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import LogRecord, UndecodableRecord
+from .events import OPERATOR_ONLY, LogRecord, UndecodableRecord
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .urls import entity_url
@@ -476,6 +476,8 @@ async def _sse(
             kind, data = "live", msgspec.to_builtins(record.event)
         elif isinstance(record, LogRecord):
             log_pos = record.id
+            if isinstance(record.event, OPERATOR_ONLY):  # full errors: never to clients
+                continue
             kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(record.event, enc_hook=_raw)
         else:

@@ -259,4 +259,6 @@ def _copy_of(stored: Any, output_type: type | None, output: Any) -> Any:
 
 
 def _bug(key: str, call_id: str, detail: str) -> ToolBugError:
-    return ToolBugError(f"internal error in tool {key!r} (call {call_id})", detail)
+    return ToolBugError(
+        f"internal error in tool {key!r} (call {call_id})", detail, tool=key, tool_call_id=call_id
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -19,7 +20,8 @@ from wakeful import (
     define_agent,
     tool,
 )
-from wakeful.contracts import OutputInfo, ToolOutcomeInfo
+from wakeful.contracts import OutputInfo, RuntimeErrorInfo, ToolOutcomeInfo
+from wakeful.gateway import create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -153,3 +155,107 @@ async def test_a_failure_turned_into_an_output_reaches_on_output_with_its_input(
     assert by_call["planned"].input == Text("a")
     assert by_call["refused"].input == Text("b")
     assert by_call["refused"].output == Upper("RECOVERED")
+
+
+# -- bugs: on_runtime_error, redaction -----------------------------------------------------
+
+SECRET = "sk-live-0123456789"
+
+
+def leaking_tool() -> Any:
+    @tool(id="acme.leaky/v1", description=".", input=Text, output=Upper)
+    async def leaky(ctx: ToolContext[Text, None]) -> Upper:
+        api_key = SECRET  # noqa: F841 - a local a traceback would show
+        raise RuntimeError(f"the upstream refused key {SECRET}")
+
+    return leaky
+
+
+async def test_a_bug_reaches_on_runtime_error_in_full_and_clients_see_it_redacted(cluster):
+    reported: list[RuntimeErrorInfo] = []
+
+    async def on_runtime_error(info: RuntimeErrorInfo) -> None:
+        reported.append(info)
+
+    agent = define_agent(
+        name="leaking",
+        instructions=".",
+        model=ScriptedModel([step(use("c1", "leaky", text="a")), "never"]),
+        tools={"leaky": leaking_tool()},
+        on_runtime_error=on_runtime_error,
+    )
+    rt = await cluster.runtime(app(agent))
+    with pytest.raises(RunFailedError) as failed:
+        await rt.ask(URL, "go")
+    public = "internal error in tool 'leaky' (call c1)"
+    assert failed.value.error == public
+    # The hook: the full error, once.
+    [info] = reported
+    assert (info.entity_url, info.tool, info.tool_call_id, info.error) == (
+        URL,
+        "leaky",
+        "c1",
+        public,
+    )
+    assert SECRET in info.detail and "Traceback" in info.detail
+    assert isinstance(info.exception, RuntimeError)
+    # Operators: the runtime_error event, through the client API.
+    [recorded] = await rt.runtime_errors(URL)
+    assert recorded.tool_call_id == "c1" and SECRET in recorded.detail
+    # Clients: the tool result and everything the gateway streams, without the secret.
+    assert (await outcomes(rt))["c1"].details == {"error": public}
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    async with http:
+        stream = await http.get("/entities/bot/b/events?follow=0")
+    assert stream.status_code == 200
+    assert "run_finished" in stream.text and public in stream.text
+    assert SECRET not in stream.text and "Traceback" not in stream.text
+    assert "runtime_error" not in stream.text
+
+
+@pytest.mark.parametrize("where", ["on_output", "invalid_output"])
+async def test_every_kind_of_bug_is_reported_to_on_runtime_error(cluster, where):
+    reported: list[RuntimeErrorInfo] = []
+
+    def on_output(info: OutputInfo) -> None:
+        raise ValueError(f"observer saw {SECRET}")
+
+    @tool(id="acme.invalid/v1", description=".", input=Text, output=Upper)
+    async def invalid(ctx: ToolContext[Text, None]) -> Upper:
+        return {"upper": 42}  # type: ignore[return-value]
+
+    if where == "on_output":
+        tools = {"t": Registration(upper_tool(), on_output=on_output)}
+    else:
+        tools = {"t": Registration(invalid)}
+    agent = define_agent(
+        name="bugs",
+        instructions=".",
+        model=ScriptedModel([step(use("c1", "t", text="a")), "never"]),
+        tools=tools,
+        on_runtime_error=reported.append,
+    )
+    rt = await cluster.runtime(app(agent))
+    with pytest.raises(RunFailedError):
+        await rt.ask(URL, "go")
+    [info] = reported
+    assert info.tool_call_id == "c1"
+    assert (SECRET if where == "on_output" else "does not match Upper") in info.detail
+    assert [e.tool_call_id for e in await rt.runtime_errors(URL)] == ["c1"]
+
+
+async def test_a_raising_on_runtime_error_hook_does_not_hide_the_failure(cluster):
+    def on_runtime_error(info: RuntimeErrorInfo) -> None:
+        raise RuntimeError("the pager is down")
+
+    agent = define_agent(
+        name="broken_pager",
+        instructions=".",
+        model=ScriptedModel([step(use("c1", "leaky", text="a")), "never"]),
+        tools={"leaky": leaking_tool()},
+        on_runtime_error=on_runtime_error,
+    )
+    rt = await cluster.runtime(app(agent))
+    with pytest.raises(RunFailedError) as failed:
+        await rt.ask(URL, "go")
+    assert failed.value.error == "internal error in tool 'leaky' (call c1)"
