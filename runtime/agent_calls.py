@@ -232,6 +232,21 @@ class ToolCalls:
             reason = answer.error or "no reason given"
             await self._refuse(run_id, call, f"The call was {answer.decision}{who}: {reason}")
             return None
+        if answer.decision == "skipped":  # like a cancel, whether or not the tool is enabled
+            reason = answer.error or "skipped"
+            synthetic = {"skipped": True, "reason": reason}
+            if tool is not None and tool.observe_skip is not None:
+                await tool.observe_skip(call_id, call.get("input"), synthetic)
+            await self._outcome(
+                run_id,
+                call_id,
+                name,
+                f"The call was skipped{who}, so it was not run: {reason}. "
+                f"Its synthetic output: {json.dumps(synthetic, ensure_ascii=False)}",
+                False,
+                {"output": synthetic, "skipped": True},
+            )
+            return None
         if tool is None or not await tool.is_enabled():
             await self._refuse(
                 run_id,

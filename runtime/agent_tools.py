@@ -81,6 +81,9 @@ class AgentTool:
     client_routed: bool = False
     output_schema: dict[str, Any] | None = None
     accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
+    # A skipped call: observes the synthetic output the model is given (typed tools
+    # run ``on_output`` there), given ``(tool_call_id, raw input, synthetic output)``.
+    observe_skip: Callable[[str, Any, Any], Awaitable[None]] | None = None
     # Approval: when it answers True (given the call's id and validated arguments)
     # the call waits for rt.approve / rt.deny first.
     needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None

@@ -9,7 +9,8 @@
     wakeful inspect URL                  status, lease, lag, state, children, actions
     wakeful ls [TYPE]                    entities (of a type) and their status
     wakeful pending URL                  tool calls waiting for a client or an approval
-    wakeful approve URL CALL             approve a pending call (deny: refuse it)
+    wakeful approve URL CALL             approve a pending call (deny: refuse it; skip: not
+                                         run, the model gets a synthetic output)
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful bad                          pointers and timers the workers moved aside
     wakeful manifest APP                 the registry's manifest as JSON
@@ -447,6 +448,10 @@ async def _deny(args: argparse.Namespace) -> int:
     return await _decide(args, "denied")
 
 
+async def _skip(args: argparse.Namespace) -> int:
+    return await _decide(args, "skipped")
+
+
 async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any = None) -> int:
     rt = await _client(args)
     try:
@@ -456,6 +461,8 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
             event_id = await rt.approve(
                 args.url, args.call, edited_input=edited_input, identity=identity
             )
+        elif decision == "skipped":
+            event_id = await rt.skip_action(args.url, args.call, args.reason, identity=identity)
         else:
             event_id = await rt.deny(args.url, args.call, args.reason, identity=identity)
         if not args.follow:
@@ -499,6 +506,7 @@ COMMANDS = {
     "pending": _pending,
     "approve": _approve,
     "deny": _deny,
+    "skip": _skip,
     "resume": _resume,
     "bad": _bad,
     "manifest": _manifest,

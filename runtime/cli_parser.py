@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("approve", "approve a pending tool call"),
         ("deny", "deny a pending tool call"),
+        ("skip", "skip a pending tool call: the model gets a synthetic output"),
     ):
         p = command(name, help_text)
         p.add_argument("url")
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "approve":
             p.add_argument("--input", help="run the call with this JSON input instead")
         else:
-            p.add_argument("--reason", default="denied by the operator")
+            default = "denied" if name == "deny" else "skipped"
+            p.add_argument("--reason", default=f"{default} by the operator")
         p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
         identity(p)
         follow_reply(p)

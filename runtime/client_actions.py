@@ -57,6 +57,19 @@ class PendingActions:
     ) -> str:
         return await self._answer(url, tool_call_id, "cancelled", identity, error="cancelled")
 
+    async def skip_action(
+        self,
+        url: str,
+        tool_call_id: str,
+        reason: str | None = None,
+        *,
+        identity: dict[str, str] | None = None,
+    ) -> str:
+        """Skip a pending call (client tool or approval): it is not run, and the model
+        gets a synthetic output saying so (``{"skipped": true, "reason": ...}``), which
+        the registration's ``on_output`` observes, rather than an error."""
+        return await self._answer(url, tool_call_id, "skipped", identity, error=reason or "skipped")
+
     async def approve(
         self,
         url: str,

@@ -176,12 +176,15 @@ class CallInfo:
 
 @dataclass(frozen=True)
 class OutputInfo(CallInfo):
-    """What ``on_output`` receives, once per settled, validated output."""
+    """What ``on_output`` receives, once per settled, validated output (its own copy:
+    changing it changes nothing else). For a skipped call (``skipped``), ``output`` is
+    the synthetic output the model is given: ``{"skipped": True, "reason": ...}``."""
 
     input: Any = None
     output: Any = None
     registration: str = ""
     tool_call_id: str = ""
+    skipped: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ status code below):
                                                     ?tail=N); resumable with Last-Event-ID
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
-    POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
+    POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | skip | approve | deny
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
@@ -390,6 +390,11 @@ def create_app(
             )
         elif verb == "cancel":
             event_id = await runtime.cancel_action(url, call, identity=identity)
+        elif verb == "skip":
+            reason = data.get("reason")
+            event_id = await runtime.skip_action(
+                url, call, None if reason is None else str(reason), identity=identity
+            )
         elif verb == "approve":
             event_id = await runtime.approve(
                 url, call, edited_input=data.get("edited_input"), identity=identity

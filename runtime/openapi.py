@@ -64,6 +64,11 @@ _ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
         {"type": "object", "properties": {"edited_input": {}}},
     ),
     ("deny", "Deny a call", {"type": "object", "properties": {"reason": _TEXT}}),
+    (
+        "skip",
+        "Skip a pending call (client tool or approval): the model gets a synthetic output",
+        {"type": "object", "properties": {"reason": _TEXT}},
+    ),
 ]
 
 OPENAPI: dict[str, Any] = {

@@ -126,6 +126,7 @@ class _BoundRegistration:
                 struct_schema(definition.output) if definition.output is not None else None
             ),
             accept_output=self.accept_output,
+            observe_skip=self.observe_skip,
             needs_approval=self.needs_approval,
             action_ttl=self.reg.action_ttl,
         )
@@ -179,6 +180,11 @@ class _BoundRegistration:
         outcome = ToolOutcomeInfo(name=self.key, tool_call_id=call_id, output=output)
         return await self.settle(self.info(), call_id, self.typed_input(raw_input), outcome)
 
+    async def observe_skip(self, call_id: str, raw_input: Any, synthetic: Any) -> None:
+        """A skipped call: ``on_output`` sees the synthetic output the model is given
+        (not validated: it is the runtime's, not the tool's)."""
+        await self.observe(self.info(), call_id, self.typed_input(raw_input), synthetic, True)
+
     def typed_input(self, raw_input: Any) -> Any:
         """The call's input as the tool's input type, or as given if it does not fit
         (a call refused for its bad arguments still reaches the observers)."""
@@ -209,25 +215,33 @@ class _BoundRegistration:
                 detail = f"output does not match {definition.output.__name__}: {exc}"
                 raise _bug(key, call_id, detail) from exc
         stored = msgspec.to_builtins(output)
-        if self.reg.on_output is not None:
-            observed = OutputInfo(
-                **vars(call),
-                input=copy.deepcopy(params),
-                output=_copy_of(stored, definition.output, output),
-                registration=key,
-                tool_call_id=call_id,
-            )
-            try:
-                seen = self.reg.on_output(observed)
-                if inspect.isawaitable(seen):
-                    await seen
-            except Exception as exc:
-                raise _bug(key, call_id, "".join(traceback.format_exception(exc))) from exc
+        await self.observe(call, call_id, params, _copy_of(stored, definition.output, output))
         if definition.to_model_output is not None:
             content = definition.to_model_output(output)
         else:
             content = json.dumps(stored, ensure_ascii=False)
         return ToolResult(content, details={"output": stored})
+
+    async def observe(
+        self, call: CallInfo, call_id: str, params: Any, output: Any, skipped: bool = False
+    ) -> None:
+        """Run ``on_output`` (sync or async) on its own copy; what it raises is a bug."""
+        if self.reg.on_output is None:
+            return
+        observed = OutputInfo(
+            **vars(call),
+            input=copy.deepcopy(params),
+            output=output,
+            registration=self.key,
+            tool_call_id=call_id,
+            skipped=skipped,
+        )
+        try:
+            seen = self.reg.on_output(observed)
+            if inspect.isawaitable(seen):
+                await seen
+        except Exception as exc:
+            raise _bug(self.key, call_id, "".join(traceback.format_exception(exc))) from exc
 
 
 async def _after(

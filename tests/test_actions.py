@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -33,6 +34,7 @@ from wakeful.actions import (
 from wakeful.agent import RunResult
 from wakeful.contracts import ApprovalInfo, CallInfo, OutputInfo
 from wakeful.events import ActionRequested, ActionSettled, ToolOutcome
+from wakeful.gateway import create_app
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -431,6 +433,46 @@ async def test_cancel_also_settles_an_approval(cluster: Any) -> None:
     assert "cancelled" in text(await outcome(rt, "d1"))
 
 
+@pytest.mark.parametrize("kind", ["client", "approval"])
+async def test_a_skipped_call_gives_the_model_a_synthetic_output_observed_by_on_output(
+    cluster: Any, kind: str
+) -> None:
+    executions: list[str] = []
+    observed: list[OutputInfo] = []
+    runs: list[RunResult] = []
+
+    async def on_output(info: OutputInfo) -> None:
+        observed.append(info)
+
+    if kind == "approval":
+        tools = {"t": Registration(deleter(executions), needs_approval=True, on_output=on_output)}
+        calls = [use("c1", "t", {"path": "/tmp/a"})]
+    else:
+        tools = {"t": Registration(get_selected, on_output=on_output)}
+        calls = [use("c1", "t", {})]
+    rt = await cluster.runtime(app(tools, calls, runs))
+    await rt.send(URL, "go", identity=U1)
+    await suspended(rt)
+    with pytest.raises(ActionNotAuthorizedError):
+        await rt.skip_action(URL, "c1", "not yours", identity=U2)
+    await rt.skip_action(URL, "c1", "not needed now", identity=U1)
+    finished = await settled_run(rt)
+    assert finished.status == "completed"
+    assert executions == []
+    synthetic = {"skipped": True, "reason": "not needed now"}
+    result = await outcome(rt, "c1")
+    assert not result.is_error
+    assert result.details == {"output": synthetic, "skipped": True}
+    assert "skipped" in text(result) and "not needed now" in text(result)
+    assert "not needed now" in (finished.response or "")  # the model saw it
+    [info] = observed
+    assert info.skipped and info.output == synthetic and info.tool_call_id == "c1"
+    [answer] = await of_type(rt, ActionSettled)
+    assert answer.decision == "skipped" and answer.by == U1
+    with pytest.raises(ActionNotPendingError):
+        await rt.skip_action(URL, "c1", identity=U1)
+
+
 @pytest.mark.parametrize("answer", ["submit", "approve", "cancel"])
 async def test_a_tool_disabled_while_pending_rejects_success_but_not_cancel(
     cluster: Any, answer: str
@@ -727,3 +769,23 @@ async def test_a_message_sent_while_suspended_does_not_hide_the_submitted_output
     assert finished.status == "completed"
     assert "the selection" in (finished.response or "")
     assert "interrupted" not in json.dumps(await rt.conversation(URL))
+
+
+async def test_skip_over_http(cluster: Any) -> None:
+    runs: list[RunResult] = []
+    rt = await cluster.runtime(app({"t": Registration(get_selected)}, [use("c1", "t", {})], runs))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    async with http:
+        await http.post("/entities/page/p/messages", json={"payload": "go"})
+        await suspended(rt)
+        skipped = await http.post(
+            "/entities/page/p/actions/c1/skip", json={"reason": "later, over HTTP"}
+        )
+        assert skipped.status_code == 200, skipped.text
+        again = await http.post("/entities/page/p/actions/c1/skip", json={})
+        assert again.status_code == 409
+        spec = (await http.get("/openapi.json")).json()
+    assert "/entities/{type}/{id}/actions/{call}/skip" in spec["paths"]
+    finished = await settled_run(rt)
+    assert "later, over HTTP" in (finished.response or "")
+    assert (await outcome(rt, "c1")).details["output"]["skipped"] is True

@@ -556,16 +556,25 @@ function drawActions(actions) {
           button("Deny", "deny", () =>
             answer(url, action, "deny", { reason: "denied in the console" }),
           ),
+          skipButton(url, action),
         );
       } else if (!app.answering.has(action.tool_call_id)) {
         buttons.append(
           button("Fail", "deny", () =>
             answer(url, action, "fail", { error: "failed in the console" }),
           ),
+          skipButton(url, action),
         );
       }
       return card;
     }),
+  );
+}
+
+// Skip: the call is not run; the model gets a synthetic output saying so.
+function skipButton(url, action) {
+  return button("Skip", "skip", () =>
+    answer(url, action, "skip", { reason: "skipped in the console" }),
   );
 }
 
