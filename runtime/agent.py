@@ -92,6 +92,7 @@ class Agent(ToolCalls):
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
         self.after_tool_result = None  # set for typed agents (see ToolCalls)
         self.on_runtime_error = None  # set for typed agents (see ToolCalls)
+        self.agent_name = None  # set for typed agents (see ToolCalls)
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------

@@ -82,6 +82,8 @@ class ToolCalls:
     # Set for typed agents (resolution.py): sees the errors the loop produces itself,
     # given ``(name, tool_call_id, message, the call's input)``.
     after_tool_result: Callable[[str, str, str, Any], Awaitable[ToolResult | None]] | None
+    # Set for typed agents: the agent's name, recorded with each pending action.
+    agent_name: str | None
     # Set for typed agents (define_agent's on_runtime_error): told of every bug in full.
     on_runtime_error: Callable[[RuntimeErrorInfo], Any] | None
     _tool_slots: asyncio.Semaphore
@@ -137,7 +139,9 @@ class ToolCalls:
             answer = system.settled.get(call_id)
             if answer is not None:
                 approved = await self._take_answer(run_id, call, answer)
-                if approved is not None:
+                if approved == "wait":
+                    waiting = True  # the answer was refused: the action is pending again
+                elif approved is not None:
                     to_run.append(approved)
             elif call_id in system.actions:
                 waiting = True  # its pending tool action is not answered yet
@@ -206,6 +210,7 @@ class ToolCalls:
             authorized=self.caller()[0],
             created_ms=now_ms,
             expires_ms=expires_ms,
+            agent=self.agent_name,
         )
         act = self.wake.activation
         if expires_ms:
@@ -222,9 +227,11 @@ class ToolCalls:
 
     async def _take_answer(
         self, run_id: str, call: dict[str, Any], answer: ActionSettled
-    ) -> Call | None:
+    ) -> Call | Literal["wait"] | None:
         """Turn the answer to a pending action into the call's result; for an approval,
-        return the call to run (with the edited input, validated again)."""
+        return the call to run (with the edited input, validated again). An output or
+        an approval for a tool that is disabled now is refused: the action is requested
+        again (``"wait"``), as the client that checks before answering refuses it."""
         call_id, name = call["id"], call["name"]
         tool = self.tools.get(name)
         who = f" by {answer.by}" if answer.by else ""
@@ -247,7 +254,10 @@ class ToolCalls:
                 {"output": synthetic, "skipped": True},
             )
             return None
-        if tool is None or not await tool.is_enabled():
+        if tool is not None and not await tool.is_enabled():
+            await self._reopen(answer, f"the tool {name!r} is disabled now")
+            return "wait"
+        if tool is None:
             await self._refuse(
                 run_id,
                 call,
@@ -271,6 +281,14 @@ class ToolCalls:
             await self._refuse(run_id, call, f"Invalid arguments for {name}: {exc}")
             return None
         return ({**call, "input": edited}, tool, params)
+
+    async def _reopen(self, answer: ActionSettled, why: str) -> None:
+        """Refuse an answer the run cannot take: the call's action is pending again (the
+        same request, with why the answer was refused), and the run suspends."""
+        request = self._system.answered[answer.tool_call_id]
+        await self._journal(
+            msgspec.structs.replace(request, refused=f"the {answer.decision} was refused: {why}")
+        )
 
     async def _start(self, run_id: str, to_run: list[Call], intents: set[str]) -> None:
         """Journal the intents of ``to_run`` (one commit), then run them concurrently."""

@@ -162,6 +162,7 @@ class HandlerContext:
                 agent.add_tool(tool)
             agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
             agent.on_runtime_error = definition.on_runtime_error
+            agent.agent_name = definition.name
         else:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")

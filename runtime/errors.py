@@ -34,6 +34,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- ActionNotPendingError (LookupError)
     |   |   +-- ActionNotAuthorizedError (PermissionError)
     |   |   +-- ActionValidationError (ValueError)
+    |   |   +-- ToolDisabledError             the tool is disabled now: the call stays pending
     |   +-- ClientToolsError (ValueError)
     |   +-- ModelError                        a model call failed (``retryable``)
     |   +-- ModelConfigError (ValueError)
@@ -232,6 +233,12 @@ class ActionNotAuthorizedError(ActionError, PermissionError):
 
 class ActionValidationError(ActionError, ValueError):
     """A submitted output or an edited input does not match the tool's schema."""
+
+
+class ToolDisabledError(ActionError):
+    """An output or an approval for a call whose tool is disabled now (its ``enabled``
+    says so, rechecked at answer time): refused, the action stays pending; it can
+    still be cancelled, failed or skipped."""
 
 
 class ClientToolsError(WakefulError, ValueError):

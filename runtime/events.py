@@ -305,6 +305,9 @@ class ActionRequested(Event, tag="action_requested"):
     # Set when the action is requested again because an answer to it was refused at
     # the run (the tool was disabled by then): why, so clients can tell the person.
     refused: str | None = None
+    # The typed agent (define_agent's name) whose registration ``tool`` is: a client
+    # whose registry has that agent rechecks the tool's ``enabled`` before answering.
+    agent: str | None = None
 
 
 class ActionSettled(Event, tag="action_settled"):

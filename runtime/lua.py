@@ -201,7 +201,11 @@ for _ = 1, n_timers do
   i = i + 3
 end
 for _ = 1, n_actions do
-  if redis.call('HSETNX', actions, ARGV[i], 'pending') == 1 then
+  -- New, or requested again after the run refused its answer ('settled'); a call
+  -- closed with its run ('cancelled', 'failed') is never reopened.
+  local was = redis.call('HGET', actions, ARGV[i])
+  if not was or was == 'settled' then
+    redis.call('HSET', actions, ARGV[i], 'pending')
     redis.call('HINCRBY', meta, 'actions', 1)
   end
   i = i + 1

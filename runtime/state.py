@@ -107,6 +107,8 @@ class SystemState(msgspec.Struct, kw_only=True):
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
     actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
+    # The requests of those answers: the run requests one again if it refuses its answer.
+    answered: dict[str, ActionRequested] = {}
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -137,11 +139,16 @@ class SystemState(msgspec.Struct, kw_only=True):
             self.history.append(event)
             if isinstance(event, ToolOutcome):
                 self.settled.pop(event.tool_call_id, None)
+                self.answered.pop(event.tool_call_id, None)
         elif isinstance(event, ActionRequested):
             self.actions[event.tool_call_id] = event
+            self.settled.pop(event.tool_call_id, None)  # requested again: its answer refused
+            self.answered.pop(event.tool_call_id, None)
         elif isinstance(event, ActionSettled):
-            if self.actions.pop(event.tool_call_id, None) is not None:
+            request = self.actions.pop(event.tool_call_id, None)
+            if request is not None:
                 self.settled[event.tool_call_id] = event
+                self.answered[event.tool_call_id] = request
         elif isinstance(event, RunStarted):
             self.run = event.run_id
             self.run_started_ms = event.at_ms
@@ -151,6 +158,9 @@ class SystemState(msgspec.Struct, kw_only=True):
             # Calls of the run that still wait for an answer end with it.
             for call_id in [k for k, a in self.actions.items() if a.run_id == event.run_id]:
                 del self.actions[call_id]
+            for call_id in [k for k, a in self.answered.items() if a.run_id == event.run_id]:
+                del self.answered[call_id]
+                self.settled.pop(call_id, None)
 
     def awaited_children(self) -> int:
         return sum(1 for child in self.children.values() if child.awaited)
