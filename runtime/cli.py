@@ -11,6 +11,7 @@
     wakeful pending URL                  tool calls waiting for a client or an approval
     wakeful approve URL CALL             approve a pending call (deny: refuse it; skip: not
                                          run, the model gets a synthetic output)
+    wakeful set-data URL CALL JSON       set the tool data of a pending call
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful bad                          pointers and timers the workers moved aside
     wakeful manifest APP                 the registry's manifest as JSON
@@ -448,6 +449,23 @@ async def _deny(args: argparse.Namespace) -> int:
     return await _decide(args, "denied")
 
 
+async def _set_data(args: argparse.Namespace) -> int:
+    try:
+        data = msgspec.json.decode(args.data)
+    except msgspec.DecodeError as exc:
+        raise WakefulError(f"the tool data is not JSON: {exc}") from None
+    rt = await _client(args)
+    try:
+        event_id = await rt.set_tool_data(args.url, args.call, data, identity=identity_of(args))
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json({"url": args.url, "tool_call_id": args.call, "event_id": event_id})
+    else:
+        out.print(f"tool data of {args.call} of {args.url}: {event_id}")
+    return OK
+
+
 async def _skip(args: argparse.Namespace) -> int:
     return await _decide(args, "skipped")
 
@@ -507,6 +525,7 @@ COMMANDS = {
     "approve": _approve,
     "deny": _deny,
     "skip": _skip,
+    "set-data": _set_data,
     "resume": _resume,
     "bad": _bad,
     "manifest": _manifest,

@@ -9,9 +9,13 @@ safely and one wins.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
+import msgspec
+
 from .actions import (
+    ActionNotAuthorizedError,
     ActionNotPendingError,
     Authorizer,
     answer_event,
@@ -22,7 +26,7 @@ from .cancellation import CancelSignal
 from .config import Settings
 from .contracts import CallInfo
 from .errors import ToolDisabledError
-from .events import ActionRequested, UserTurn, encode_event
+from .events import ActionRequested, ToolData, UserTurn, encode_event
 from .registry import Registry
 from .state import EntityState
 from .store import Store
@@ -95,6 +99,44 @@ class PendingActions:
     ) -> str:
         """Deny a call waiting for approval; the model gets ``reason`` and can act on it."""
         return await self._answer(url, tool_call_id, "denied", identity, error=reason)
+
+    async def set_tool_data(
+        self, url: str, tool_call_id: str, data: Any, *, identity: dict[str, str] | None = None
+    ) -> str:
+        """Set the tool data of a pending call (public per-call state renderers read).
+
+        Checked like an answer: the call must be pending, ``identity`` allowed to answer
+        it, and its tool enabled now (rechecked on every write, when this client's
+        registry has the agent). It does not settle the call or wake the entity."""
+        state = await self._folded(url)
+        action = state.system.actions.get(tool_call_id)
+        if action is None:
+            await self._refuse_closed(url, tool_call_id)
+            raise ActionNotPendingError(
+                f"{url} has no pending action for tool call {tool_call_id!r} "
+                "(unknown, or answered already): its tool data cannot be set"
+            )
+        if not self.action_authorizer(action, identity):
+            raise ActionNotAuthorizedError(
+                f"identity {identity!r} may not set the tool data of tool call "
+                f"{tool_call_id!r} of {url}"
+            )
+        await self._check_enabled(url, action, state)
+        event = encode_event(
+            ToolData(
+                tool_call_id=tool_call_id,
+                data=msgspec.to_builtins(data),
+                by=identity,
+                at_ms=int(time.time() * 1000),
+            ),
+            limit=self.settings.max_event_bytes,
+            what=f"tool data of tool call {tool_call_id!r}",
+        )
+        event_id = await self._store.append_tool_data(url, tool_call_id, event)
+        if event_id is None:
+            await self._refuse_closed(url, tool_call_id)
+            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
+        return event_id
 
     async def _answer(
         self,

@@ -24,7 +24,7 @@ from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
 from .contracts import AgentDef
 from .errors import ArgsConflictError, EntityNotFoundError
-from .events import Effect, Event, Subscription
+from .events import Effect, Event, Subscription, ToolData, encode_event
 from .live import LivePublisher
 from .models import Model
 from .resolution import loop_result_hook, resolve_tools
@@ -180,6 +180,20 @@ class HandlerContext:
     def runtime_tools(self) -> list[AgentTool]:
         """The runtime's own tools: send a message, dispatch a child agent, schedule a message."""
         return runtime_tools(self)
+
+    def set_tool_data(self, tool_call_id: str, data: Any) -> None:
+        """Set the tool data of a call: public per-call state that renderers read
+        (beside its input and output), durable with the call's result (committed with
+        it), visible in the log, the SSE stream and the console. The latest write wins.
+        Typed tools call ``ctx.set_data(...)`` on their ToolContext, which comes here."""
+        event = ToolData(
+            tool_call_id=tool_call_id,
+            data=msgspec.to_builtins(data),
+            at_ms=int(time.time() * 1000),
+        )
+        # Encoded now, so data that is too big or not encodable fails at the call.
+        encode_event(event, limit=self._activation.limit, what=f"tool data of {tool_call_id!r}")
+        self._activation.record(event)
 
     def _capabilities(self) -> CapabilityPool:
         """The capabilities of this entity on this worker (for the tools of a typed agent)."""

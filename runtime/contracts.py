@@ -56,10 +56,16 @@ class ToolContext(Generic[In, Ctx]):
     tool_call_id: str
     capabilities: Capabilities
     _on_update: Callable[[Any], None]
+    _set_data: Callable[[Any], None] = lambda data: None
 
     def update(self, progress: Any) -> None:
         """Report progress; clients see it live."""
         self._on_update(progress)
+
+    def set_data(self, data: Any) -> None:
+        """Set this call's tool data: public state that renderers read beside its input
+        and output (durable with the call's result; the latest write wins)."""
+        self._set_data(data)
 
     def fail(self, message: str, data: Any = None) -> NoReturn:
         """A planned failure: the model sees ``message`` as a failed result; the run goes on."""

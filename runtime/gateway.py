@@ -21,6 +21,7 @@ status code below):
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
     POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | skip | approve | deny
+                                                    | data (set the tool data of a pending call)
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
@@ -390,6 +391,10 @@ def create_app(
             )
         elif verb == "cancel":
             event_id = await runtime.cancel_action(url, call, identity=identity)
+        elif verb == "data":
+            if "data" not in data:
+                raise HTTPError(400, "MissingField", "the body needs a 'data'")
+            event_id = await runtime.set_tool_data(url, call, data["data"], identity=identity)
         elif verb == "skip":
             reason = data.get("reason")
             event_id = await runtime.skip_action(

@@ -417,6 +417,19 @@ redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
 return redis.call('ZRANGE', workers, 0, -1)
 """
 
+# Append a client's tool data for a call whose action is still pending. It does not
+# wake the entity (like a subscription, it is folded, not handled).
+# -> {1, event id} | {0, state} (as SETTLE)
+TOOL_DATA = """
+local actions = KEYS[1]       -- the entity's pending actions
+local log = KEYS[2]           -- the entity's log
+local tool_call_id = ARGV[1]
+local event = ARGV[2]         -- the tool_data event
+local state = redis.call('HGET', actions, tool_call_id)
+if state ~= 'pending' then return {0, state or ''} end
+return {1, redis.call('XADD', log, '*', 'e', event)}
+"""
+
 # Settle a pending action at most once: concurrent answers race here and one wins.
 # -> {1, event id} | {0, state} (state: '' unknown, 'settled' already answered, or how
 # the run that closed it ended: 'cancelled', 'failed')

@@ -57,7 +57,7 @@ def resolve_tools(
         return CallInfo(runtime_context, identity, client_data, ctx.entity_url, ctx.signal)
 
     return [
-        _BoundRegistration(agent, key, reg, info, pool).tool()
+        _BoundRegistration(agent, key, reg, info, pool, ctx.set_tool_data).tool()
         for key, reg in agent.registrations().items()
     ]
 
@@ -104,7 +104,9 @@ class _BoundRegistration:
         reg: Registration[Any, Any, Any],
         info: Callable[[], CallInfo],
         pool: CapabilityPool | None,
+        set_data: Callable[[str, Any], None] = lambda call_id, data: None,
     ) -> None:
+        self.set_data = set_data
         self.agent = agent
         self.key = key
         self.reg = reg
@@ -164,7 +166,13 @@ class _BoundRegistration:
         assert self.pool is not None  # a registration bound for the loop hook never runs
         resources = {name: await self.pool.get(name) for name in sorted(definition.capabilities)}
         tool_ctx = ToolContext(
-            params, tool_context, signal, call_id, Capabilities(resources), on_update
+            params,
+            tool_context,
+            signal,
+            call_id,
+            Capabilities(resources),
+            on_update,
+            lambda data: self.set_data(call_id, data),
         )
         outcome = ToolOutcomeInfo(name=key, tool_call_id=call_id)
         try:

@@ -26,6 +26,7 @@ from .events import (
     LogRecord,
     RunFinished,
     RunStarted,
+    ToolData,
     ToolIntent,
     ToolOutcome,
     UndecodableRecord,
@@ -232,6 +233,12 @@ class ReplyPrinter:
         elif isinstance(event, ActionSettled):
             by = f" by {short(event.by)}" if event.by else ""
             self._note(f"[dim]  {event.decision}{escape(by)}[/]")
+        elif isinstance(event, ToolData):
+            by = f" (by {short(event.by)})" if event.by else ""
+            self._note(
+                f"[dim]  ▤ tool data of {escape(event.tool_call_id)}{escape(by)}: "
+                f"{escape(short(event.data))}[/]"
+            )
         elif isinstance(event, ChildRunFinished):
             self._note(f"[dim]↩ {escape(event.child)} {event.status}[/]")
         elif isinstance(event, RunFinished):

@@ -254,10 +254,17 @@ async def test_pending_approve_and_deny(worker, server_url, prefix):
     assert "has no pending actions" in none.stdout
 
 
-async def test_skip_a_pending_call_from_the_command_line(worker, server_url, prefix):
+async def test_set_data_and_skip_a_pending_call_from_the_command_line(worker, server_url, prefix):
     await worker.ask("/assistant/k1", "remember that my city is Lyon")
     await run(server_url, prefix, "ask", "/assistant/k1", "forget my city", "--no-input")
     [action] = await worker.pending_actions("/assistant/k1")
+    data = await run(
+        server_url, prefix, "set-data", "/assistant/k1", action.tool_call_id, '{"seen": true}'
+    )
+    assert data.returncode == 0, data.stderr
+    assert await worker.tool_data("/assistant/k1") == {action.tool_call_id: {"seen": True}}
+    bad = await run(server_url, prefix, "set-data", "/assistant/k1", action.tool_call_id, "{")
+    assert bad.returncode != 0 and "not JSON" in bad.stderr
     skipped = await run(
         server_url, prefix, "skip", "/assistant/k1", action.tool_call_id, "--reason", "not now"
     )

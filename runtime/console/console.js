@@ -339,6 +339,12 @@ function onDurable(kind, event) {
       setToolState(card, event.kind === "approval" ? "waiting for approval" : "waiting for the client");
       break;
     }
+    case "tool_data": {
+      // Public per-call state (the tool's, or a client's for a pending call): the latest wins.
+      const card = toolCard(event.tool_call_id);
+      card.querySelector(".data").textContent = `▤ ${show(event.data)}`;
+      break;
+    }
     case "action_settled": {
       const card = toolCard(event.tool_call_id);
       const who = event.by ? ` by ${event.by.user || show(event.by)}` : "";
@@ -449,7 +455,8 @@ function toolCard(callId, name) {
     card.dataset.call = callId;
     card.innerHTML =
       '<span class="name"></span><span class="state"></span>' +
-      '<div class="input json"></div><div class="progress"></div><div class="result"></div>';
+      '<div class="input json"></div><div class="progress"></div><div class="data"></div>' +
+      '<div class="result"></div>';
     $("#messages").append(card);
     app.toolCards.set(callId, card);
   }
