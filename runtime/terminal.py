@@ -26,6 +26,7 @@ from .events import (
     LogRecord,
     RunFinished,
     RunStarted,
+    RuntimeErrorRecorded,
     ToolData,
     ToolIntent,
     ToolOutcome,
@@ -226,6 +227,8 @@ class ReplyPrinter:
             self._note(f"{mark} {escape(short(text))}[/]")
         elif isinstance(event, ActionRequested):
             waits = "approval" if event.kind == "approval" else "the client"
+            if event.refused:
+                self._note(f"[yellow]  {escape(event.refused)}[/]")
             self._note(
                 f"[yellow]⏸ {escape(event.tool)} {escape(short(event.input))} waits for {waits} "
                 f"(tool call {event.tool_call_id})[/]"
@@ -233,6 +236,9 @@ class ReplyPrinter:
         elif isinstance(event, ActionSettled):
             by = f" by {short(event.by)}" if event.by else ""
             self._note(f"[dim]  {event.decision}{escape(by)}[/]")
+        elif isinstance(event, RuntimeErrorRecorded):  # operators only: full in --json
+            last = event.detail.strip().splitlines()[-1:] or [""]
+            self._note(f"[red]  runtime error: {escape(event.error)}: {escape(last[0])}[/]")
         elif isinstance(event, ToolData):
             by = f" (by {short(event.by)})" if event.by else ""
             self._note(

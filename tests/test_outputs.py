@@ -4,6 +4,7 @@ what a bug leaves for clients and for operators."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -171,7 +172,8 @@ def leaking_tool() -> Any:
     return leaky
 
 
-async def test_a_bug_reaches_on_runtime_error_in_full_and_clients_see_it_redacted(cluster):
+async def test_a_bug_reaches_on_runtime_error_in_full_and_clients_see_it_redacted(cluster, caplog):
+    caplog.set_level(logging.ERROR, logger="wakeful.entity.bot")
     reported: list[RuntimeErrorInfo] = []
 
     async def on_runtime_error(info: RuntimeErrorInfo) -> None:
@@ -211,6 +213,9 @@ async def test_a_bug_reaches_on_runtime_error_in_full_and_clients_see_it_redacte
     assert "run_finished" in stream.text and public in stream.text
     assert SECRET not in stream.text and "Traceback" not in stream.text
     assert "runtime_error" not in stream.text
+    # The worker log has it in full.
+    logged = [r.getMessage() for r in caplog.records if r.name == "wakeful.entity.bot"]
+    assert any(public in m and SECRET in m for m in logged)
 
 
 @pytest.mark.parametrize("where", ["on_output", "invalid_output"])

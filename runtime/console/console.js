@@ -554,7 +554,8 @@ function drawActions(actions) {
         '<pre class="input"></pre><div class="buttons"></div>';
       card.querySelector(".tool-name").textContent = action.tool;
       card.querySelector(".kind").textContent =
-        action.kind === "approval" ? "needs your approval" : "waits for the client";
+        (action.kind === "approval" ? "needs your approval" : "waits for the client") +
+        (action.refused ? ` (${action.refused})` : "");
       card.querySelector(".input").textContent = JSON.stringify(action.input, null, 1);
       const buttons = card.querySelector(".buttons");
       if (action.kind === "approval") {
