@@ -254,10 +254,11 @@ class ToolCalls:
                 {"output": synthetic, "skipped": True},
             )
             return None
-        if tool is not None and not await tool.is_enabled():
-            await self._reopen(answer, f"the tool {name!r} is disabled now")
+        enabled = tool is not None and await tool.is_enabled()
+        why = f"the tool {name!r} is disabled now"
+        if tool is not None and not enabled and await self._reopen(answer, why):
             return "wait"
-        if tool is None:
+        if tool is None or not enabled:  # no registration, or no request to reopen
             await self._refuse(
                 run_id,
                 call,
@@ -282,13 +283,17 @@ class ToolCalls:
             return None
         return ({**call, "input": edited}, tool, params)
 
-    async def _reopen(self, answer: ActionSettled, why: str) -> None:
+    async def _reopen(self, answer: ActionSettled, why: str) -> bool:
         """Refuse an answer the run cannot take: the call's action is pending again (the
-        same request, with why the answer was refused), and the run suspends."""
-        request = self._system.answered[answer.tool_call_id]
+        same request, with why the answer was refused), and the run suspends. False if
+        the request is not known (state folded by a version that did not keep it)."""
+        request = self._system.answered.get(answer.tool_call_id)
+        if request is None:
+            return False
         await self._journal(
             msgspec.structs.replace(request, refused=f"the {answer.decision} was refused: {why}")
         )
+        return True
 
     async def _start(self, run_id: str, to_run: list[Call], intents: set[str]) -> None:
         """Journal the intents of ``to_run`` (one commit), then run them concurrently."""
