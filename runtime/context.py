@@ -183,8 +183,9 @@ class HandlerContext:
 
     def set_tool_data(self, tool_call_id: str, data: Any) -> None:
         """Set the tool data of a call: public per-call state that renderers read
-        (beside its input and output), durable with the call's result (committed with
-        it), visible in the log, the SSE stream and the console. The latest write wins.
+        (beside its input and output): live at once, durable with the call's result
+        (committed with it), in the log, the SSE stream and the console. The latest
+        write wins.
         Typed tools call ``ctx.set_data(...)`` on their ToolContext, which comes here."""
         event = ToolData(
             tool_call_id=tool_call_id,
@@ -194,6 +195,7 @@ class HandlerContext:
         # Encoded now, so data that is too big or not encodable fails at the call.
         encode_event(event, limit=self._activation.limit, what=f"tool data of {tool_call_id!r}")
         self._activation.record(event)
+        self._live.tool_data(tool_call_id, event.data)  # renderers see it at once
 
     def _capabilities(self) -> CapabilityPool:
         """The capabilities of this entity on this worker (for the tools of a typed agent)."""

@@ -196,6 +196,8 @@ class ReplyPrinter:
                 self.text_step = step
             self.streamed[step] = self.streamed.get(step, "") + str(event.data)
             self._text(str(event.data))
+        elif event.kind == "tool_data":
+            return  # the durable tool_data event is printed when it comes
         else:
             self._note(
                 f"[dim]  … {escape(record.event.tool or '')}: {escape(short(record.event.data))}[/]"

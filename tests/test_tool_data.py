@@ -4,6 +4,7 @@ rechecked on every client write."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from wakeful.agent import RunResult
 from wakeful.errors import ToolDisabledError
 from wakeful.events import ActionSettled, ToolData, ToolOutcome
 from wakeful.gateway import bearer_tokens, create_app
+from wakeful.live import LiveRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -76,6 +78,33 @@ async def test_a_tool_writes_its_call_data_during_execute_durably_and_visibly(cl
     async with gateway_client(rt) as http:
         stream = await http.get("/entities/page/p/events?follow=0")
     assert "event: tool_data" in stream.text and '"finished"' in stream.text
+
+
+async def test_followers_see_a_tools_data_live_while_it_runs(cluster: Any) -> None:
+    release = asyncio.Event()
+
+    @tool(id="acme.slow/v1", description=".", input=Job, output=Done)
+    async def slow(ctx: ToolContext[Job, None]) -> Done:
+        ctx.set_data({"stage": "waiting"})
+        await release.wait()  # runs until the test has seen the live tool data
+        return Done(True)
+
+    runs: list[RunResult] = []
+    rt = await cluster.runtime(app({"slow": slow}, [use("s1", "slow", {"name": "x"})], runs))
+    live_after = await rt.live_position(URL)
+    await rt.send(URL, "go", identity=U1)
+    async with asyncio.timeout(30):  # a guard: the loop ends on the live event
+        async for record in rt.events(URL, live=True, live_after=live_after):
+            if isinstance(record, LiveRecord) and record.event.kind == "tool_data":
+                assert (record.event.tool_call_id, record.event.data) == (
+                    "s1",
+                    {"stage": "waiting"},
+                )
+                break
+            assert not isinstance(getattr(record, "event", None), ToolOutcome)
+    release.set()
+    assert (await settled_run(rt)).status == "completed"
+    assert await rt.tool_data(URL) == {"s1": {"stage": "waiting"}}
 
 
 async def test_a_client_writes_the_data_of_a_pending_call_without_answering_it(

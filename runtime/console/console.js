@@ -298,6 +298,8 @@ function onLive(event) {
     }
     bubble.querySelector(".text").textContent += event.data;
     bubble.dataset.deltas = String(Number(bubble.dataset.deltas || 0) + 1);
+  } else if (event.kind === "tool_data") {
+    toolCard(event.tool_call_id).querySelector(".data").textContent = `▤ ${show(event.data)}`;
   } else if (event.kind === "tool_update") {
     const card = toolCard(event.tool_call_id, event.tool);
     card.querySelector(".progress").textContent = show(event.data);
