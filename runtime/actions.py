@@ -7,7 +7,8 @@ When the model calls a client-routed tool, or a tool that needs approval, the
 run journals an ``action_requested`` event and suspends. A client answers with
 ``rt.submit_tool_result`` / ``rt.fail_action`` / ``rt.cancel_action`` (client
 tools) or ``rt.approve`` / ``rt.deny`` (approvals), and ``rt.cancel_action``
-for either. An answer is checked here, before anything is written:
+or ``rt.skip_action`` (the call is not run; the model gets a synthetic output
+saying so) for either. An answer is checked here, before anything is written:
 
 * the action must still be pending and of the right kind;
 * the answering identity must be authorised (by default: the identity of the
@@ -80,8 +81,8 @@ def check_answer(
             "(unknown, or answered already)"
         )
     allowed = {
-        "client": {"output", "failed", "cancelled"},
-        "approval": {"approved", "denied", "cancelled"},
+        "client": {"output", "failed", "cancelled", "skipped"},
+        "approval": {"approved", "denied", "cancelled", "skipped"},
     }
     if decision not in allowed[action.kind]:
         verbs = {

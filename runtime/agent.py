@@ -94,6 +94,8 @@ class Agent(ToolCalls):
         self._tool_slots = asyncio.Semaphore(tool_concurrency)
         self.after_tool_result = None  # set for typed agents (see ToolCalls)
         self._client_tools: set[str] = set()  # the names of the client's tools, once offered
+        self.on_runtime_error = None  # set for typed agents (see ToolCalls)
+        self.agent_name = None  # set for typed agents (see ToolCalls)
         self._commit_lock = asyncio.Lock()
 
     # -- journal helpers -----------------------------------------------------------
@@ -167,6 +169,7 @@ class Agent(ToolCalls):
         except StopRun:
             return await self._stopped(run_id)
         except ToolBugError as bug:
+            await self._report_bug(run_id, bug)
             return await self._finish(run_id, "failed", error=bug.public)
 
     async def _take_inputs(self) -> str | None:

@@ -14,6 +14,7 @@ the agent's own module keeps the loop over model steps and the end of a run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from .activation import Activation
-from .agent_tools import AgentTool, Content, ToolResult, content_blocks
+from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult, content_blocks
 from .cancellation import CancelSignal
 from .errors import ToolBugError, WakeInterrupted
 from .events import (
@@ -33,6 +34,7 @@ from .events import (
     AssistantStep,
     Effect,
     LogRecord,
+    RuntimeErrorRecorded,
     ToolCall,
     ToolIntent,
     ToolOutcome,
@@ -43,6 +45,8 @@ from .live import LivePublisher
 from .scope import CURRENT_TOOL_CALL
 from .state import SystemState
 from .tasks import all_of, first_of
+
+_DETAIL_LIMIT = 64 * 1024  # characters of a bug's full error kept in its runtime_error event
 
 Call = tuple[dict[str, Any], AgentTool, Any]  # a call to run: its tool_use block, tool, arguments
 
@@ -75,8 +79,13 @@ class ToolCalls:
 
     wake: AgentWake
     tools: dict[str, AgentTool]
-    # Set for typed agents (resolution.py): sees the errors the loop produces itself.
-    after_tool_result: Callable[[str, str, str], Awaitable[ToolResult | None]] | None
+    # Set for typed agents (resolution.py): sees the errors the loop produces itself,
+    # given ``(name, tool_call_id, message, the call's input)``.
+    after_tool_result: Callable[[str, str, str, Any], Awaitable[ToolResult | None]] | None
+    # Set for typed agents: the agent's name, recorded with each pending action.
+    agent_name: str | None
+    # Set for typed agents (define_agent's on_runtime_error): told of every bug in full.
+    on_runtime_error: Callable[[RuntimeErrorInfo], Any] | None
     _tool_slots: asyncio.Semaphore
     _commit_lock: asyncio.Lock
 
@@ -130,7 +139,9 @@ class ToolCalls:
             answer = system.settled.get(call_id)
             if answer is not None:
                 approved = await self._take_answer(run_id, call, answer)
-                if approved is not None:
+                if approved == "wait":
+                    waiting = True  # the answer was refused: the action is pending again
+                elif approved is not None:
                     to_run.append(approved)
             elif call_id in system.actions:
                 waiting = True  # its pending tool action is not answered yet
@@ -163,28 +174,24 @@ class ToolCalls:
         if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
             await self._refuse(
                 run_id,
-                call_id,
-                name,
+                call,
                 "The response hit max_tokens before this call was complete, so it was not run.",
             )
             return None
         tool = self.tool_named(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            await self._refuse(
-                run_id, call_id, name, f"Unknown tool {name!r}. Available tools: {known}."
-            )
+            await self._refuse(run_id, call, f"Unknown tool {name!r}. Available tools: {known}.")
             return None
         if intent is not None:
             changed = contract_change(name, intent.tool_id, tool)
             if changed is not None:
-                await self._refuse(run_id, call_id, name, changed, tool.id)
+                await self._refuse(run_id, call, changed, tool.id)
                 return None
             if not tool.rerun_when_in_doubt:
                 await self._refuse(
                     run_id,
-                    call_id,
-                    name,
+                    call,
                     "This call was interrupted (the worker stopped while it ran) and the "
                     "tool is not run again when in doubt, so it was not retried. Its effect "
                     "is unknown.",
@@ -192,14 +199,12 @@ class ToolCalls:
                 )
                 return None
         if not await tool.is_enabled():
-            await self._refuse(
-                run_id, call_id, name, f"The tool {name!r} is disabled and cannot run now."
-            )
+            await self._refuse(run_id, call, f"The tool {name!r} is disabled and cannot run now.")
             return None
         try:
             params = tool.parse(call.get("input"))
         except ValueError as exc:
-            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
+            await self._refuse(run_id, call, f"Invalid arguments for {name}: {exc}")
             return None
         if tool.client_routed or await tool.wants_approval(call_id, params):
             await self._request_action(run_id, call, tool)
@@ -222,6 +227,7 @@ class ToolCalls:
             authorized=self.caller()[0],
             created_ms=now_ms,
             expires_ms=expires_ms,
+            agent=self.agent_name,
         )
         act = self.wake.activation
         if expires_ms:
@@ -238,29 +244,47 @@ class ToolCalls:
 
     async def _take_answer(
         self, run_id: str, call: dict[str, Any], answer: ActionSettled
-    ) -> Call | None:
+    ) -> Call | Literal["wait"] | None:
         """Turn the answer to a pending action into the call's result; for an approval,
-        return the call to run (with the edited input, validated again)."""
+        return the call to run (with the edited input, validated again). An output or
+        an approval for a tool that is disabled now is refused: the action is requested
+        again (``"wait"``), as the client that checks before answering refuses it."""
         call_id, name = call["id"], call["name"]
         tool = self.tool_named(name)
         who = f" by {answer.by}" if answer.by else ""
         if answer.decision in ("failed", "cancelled", "expired", "denied"):
             reason = answer.error or "no reason given"
-            await self._refuse(
-                run_id, call_id, name, f"The call was {answer.decision}{who}: {reason}"
+            await self._refuse(run_id, call, f"The call was {answer.decision}{who}: {reason}")
+            return None
+        if answer.decision == "skipped":  # like a cancel, whether or not the tool is enabled
+            reason = answer.error or "skipped"
+            synthetic = {"skipped": True, "reason": reason}
+            if tool is not None and tool.observe_skip is not None:
+                await tool.observe_skip(call_id, call.get("input"), synthetic)
+            await self._outcome(
+                run_id,
+                call_id,
+                name,
+                f"The call was skipped{who}, so it was not run: {reason}. "
+                f"Its synthetic output: {json.dumps(synthetic, ensure_ascii=False)}",
+                False,
+                {"output": synthetic, "skipped": True},
             )
             return None
         request = self._system.answered.get(call_id)
         changed = contract_change(name, request.tool_id, tool) if request and tool else None
         if changed is not None:  # an output or an approval for another contract
             what = "submitted output" if answer.decision == "output" else "approval"
-            await self._refuse(run_id, call_id, name, f"The {what} was rejected. {changed}")
+            await self._refuse(run_id, call, f"The {what} was rejected. {changed}")
             return None
-        if tool is None or not await tool.is_enabled():
+        enabled = tool is not None and await tool.is_enabled()
+        why = f"the tool {name!r} is disabled now"
+        if tool is not None and not enabled and await self._reopen(answer, why):
+            return "wait"
+        if tool is None or not enabled:  # no registration, or no request to reopen
             await self._refuse(
                 run_id,
-                call_id,
-                name,
+                call,
                 f"The tool {name!r} is disabled; the {answer.decision} was rejected.",
             )
             return None
@@ -278,9 +302,21 @@ class ToolCalls:
         try:
             params = tool.parse(edited)
         except ValueError as exc:
-            await self._refuse(run_id, call_id, name, f"Invalid arguments for {name}: {exc}")
+            await self._refuse(run_id, call, f"Invalid arguments for {name}: {exc}")
             return None
         return ({**call, "input": edited}, tool, params)
+
+    async def _reopen(self, answer: ActionSettled, why: str) -> bool:
+        """Refuse an answer the run cannot take: the call's action is pending again (the
+        same request, with why the answer was refused), and the run suspends. False if
+        the request is not known (state folded by a version that did not keep it)."""
+        request = self._system.answered.get(answer.tool_call_id)
+        if request is None:
+            return False
+        await self._journal(
+            msgspec.structs.replace(request, refused=f"the {answer.decision} was refused: {why}")
+        )
+        return True
 
     async def _start(
         self, run_id: str, to_run: list[Call], intents: Mapping[str, ToolCall]
@@ -312,9 +348,9 @@ class ToolCalls:
                 self._check_lease()
                 try:
                     result = await tool.execute(call_id, params, self.wake.signal, on_update)
-                except ToolBugError as bug:
+                except ToolBugError as bug:  # the run fails (Agent.run reports the bug)
                     await self._outcome(
-                        run_id, call_id, name, bug.public, True, {"traceback": bug.detail}, tool.id
+                        run_id, call_id, tool.name, bug.public, True, {"error": bug.public}, tool.id
                     )
                     raise
                 # A failing tool is reported to the model, not a failed run. (CancelledError
@@ -333,14 +369,56 @@ class ToolCalls:
         finally:
             CURRENT_TOOL_CALL.reset(scope)
 
+    async def _report_bug(self, run_id: str, bug: ToolBugError) -> None:
+        """A bug fails the run: its full error goes to operators only (the worker log,
+        the ``on_runtime_error`` hook, and a ``runtime_error`` event the gateway never
+        sends, committed with the run's end); clients see ``bug.public``."""
+        self.wake.log.error(
+            "run %s failed on a bug in tool %s (call %s): %s\n%s",
+            run_id,
+            bug.tool or "?",
+            bug.tool_call_id or "?",
+            bug.public,
+            bug.detail,
+        )
+        self.wake.activation.record(
+            RuntimeErrorRecorded(
+                run_id=run_id,
+                error=bug.public,
+                detail=bug.detail[-_DETAIL_LIMIT:],
+                tool_call_id=bug.tool_call_id,
+                tool=bug.tool,
+                at_ms=int(time.time() * 1000),
+            )
+        )
+        hook = self.on_runtime_error
+        if hook is None:
+            return
+        info = RuntimeErrorInfo(
+            entity_url=self.wake.entity_url,
+            run_id=run_id,
+            tool=bug.tool,
+            tool_call_id=bug.tool_call_id,
+            error=bug.public,
+            detail=bug.detail,
+            exception=bug.__cause__ or bug,
+        )
+        try:
+            reported = hook(info)
+            if inspect.isawaitable(reported):
+                await reported
+        except Exception:  # the run fails either way; a broken hook must not hide why
+            self.wake.log.exception("on_runtime_error raised while reporting run %s", run_id)
+
     async def _refuse(
-        self, run_id: str, call_id: str, name: str, message: str, tool_id: str | None = None
+        self, run_id: str, call: dict[str, Any], message: str, tool_id: str | None = None
     ) -> None:
         """A call the loop itself cannot run (unknown or disabled tool, bad arguments,
         interrupted, cut off): an error result, unless ``after_tool_result`` turns it
-        into an output."""
+        into an output (which the registration's ``on_output`` sees with the input)."""
+        call_id, name = call["id"], call["name"]
         hook = self.after_tool_result
-        result = await hook(name, call_id, message) if hook is not None else None
+        result = await hook(name, call_id, message, call.get("input")) if hook else None
         if result is None:
             await self._outcome(run_id, call_id, name, message, True, tool_id=tool_id)
         else:

@@ -15,7 +15,15 @@ import msgspec
 
 from .cancellation import CancelSignal
 
-__all__ = ["AgentTool", "Content", "OnUpdate", "ToolResult", "content_blocks", "struct_schema"]
+__all__ = [
+    "AgentTool",
+    "Content",
+    "OnUpdate",
+    "RuntimeErrorInfo",
+    "ToolResult",
+    "content_blocks",
+    "struct_schema",
+]
 
 Content = str | list[dict[str, Any]]
 OnUpdate = Callable[[Any], None]
@@ -28,6 +36,23 @@ class ToolResult:
     content: Content
     details: Any = None
     is_error: bool = False
+
+
+@dataclass(frozen=True)
+class RuntimeErrorInfo:
+    """What an agent's ``on_runtime_error`` hook receives: a bug that fails the run (an
+    exception in ``execute`` or in ``on_output``, an output that breaks its schema).
+
+    ``error`` is the redacted message clients see; ``detail`` is the full error (the
+    traceback, secret values included) and ``exception`` the exception itself."""
+
+    entity_url: str
+    run_id: str
+    tool: str
+    tool_call_id: str
+    error: str
+    detail: str
+    exception: BaseException | None = None
 
 
 @dataclass
@@ -56,6 +81,9 @@ class AgentTool:
     client_routed: bool = False
     output_schema: dict[str, Any] | None = None
     accept_output: Callable[[str, Any, Any], Awaitable[ToolResult]] | None = None
+    # A skipped call: observes the synthetic output the model is given (typed tools
+    # run ``on_output`` there), given ``(tool_call_id, raw input, synthetic output)``.
+    observe_skip: Callable[[str, Any, Any], Awaitable[None]] | None = None
     # Approval: when it answers True (given the call's id and validated arguments)
     # the call waits for rt.approve / rt.deny first.
     needs_approval: Callable[[str, Any], Awaitable[bool]] | None = None

@@ -9,7 +9,9 @@
     wakeful inspect URL                  status, lease, lag, state, children, actions
     wakeful ls [TYPE]                    entities (of a type) and their status
     wakeful pending URL                  tool calls waiting for a client or an approval
-    wakeful approve URL CALL             approve a pending call (deny: refuse it)
+    wakeful approve URL CALL             approve a pending call (deny: refuse it; skip: not
+                                         run, the model gets a synthetic output)
+    wakeful set-data URL CALL JSON       set the tool data of a pending call
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful schedules URL                recurring schedules (--set ID CRON, --delete ID)
     wakeful bad                          pointers and timers the workers moved aside
@@ -455,6 +457,27 @@ async def _deny(args: argparse.Namespace) -> int:
     return await _decide(args, "denied")
 
 
+async def _set_data(args: argparse.Namespace) -> int:
+    try:
+        data = msgspec.json.decode(args.data)
+    except msgspec.DecodeError as exc:
+        raise WakefulError(f"the tool data is not JSON: {exc}") from None
+    rt = await _client(args)
+    try:
+        event_id = await rt.set_tool_data(args.url, args.call, data, identity=identity_of(args))
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json({"url": args.url, "tool_call_id": args.call, "event_id": event_id})
+    else:
+        out.print(f"tool data of {args.call} of {args.url}: {event_id}")
+    return OK
+
+
+async def _skip(args: argparse.Namespace) -> int:
+    return await _decide(args, "skipped")
+
+
 async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any = None) -> int:
     rt = await _client(args)
     try:
@@ -464,6 +487,8 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
             event_id = await rt.approve(
                 args.url, args.call, edited_input=edited_input, identity=identity
             )
+        elif decision == "skipped":
+            event_id = await rt.skip_action(args.url, args.call, args.reason, identity=identity)
         else:
             event_id = await rt.deny(args.url, args.call, args.reason, identity=identity)
         if not args.follow:
@@ -542,6 +567,8 @@ COMMANDS = {
     "pending": _pending,
     "approve": _approve,
     "deny": _deny,
+    "skip": _skip,
+    "set-data": _set_data,
     "resume": _resume,
     "bad": _bad,
     "schedules": _schedules,

@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("approve", "approve a pending tool call"),
         ("deny", "deny a pending tool call"),
+        ("skip", "skip a pending tool call: the model gets a synthetic output"),
     ):
         p = command(name, help_text)
         p.add_argument("url")
@@ -117,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "approve":
             p.add_argument("--input", help="run the call with this JSON input instead")
         else:
-            p.add_argument("--reason", default="denied by the operator")
+            default = "denied" if name == "deny" else "skipped"
+            p.add_argument("--reason", default=f"{default} by the operator")
         p.add_argument("--follow", action="store_true", help="stream the run as it resumes")
         identity(p)
         follow_reply(p)
@@ -133,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--delete", metavar="ID", help="delete schedule ID")
     p.add_argument("--timezone", default="UTC", help="IANA time zone of --set (default UTC)")
     p.add_argument("--payload", help="the message of each occurrence of --set (text)")
+    p = command("set-data", "set the tool data of a pending tool call (renderers read it)")
+    p.add_argument("url")
+    p.add_argument("call", help="the tool call id (see wakeful pending)")
+    p.add_argument("data", help="the tool data, as JSON")
+    identity(p)
     command("bad", "wake pointers and timers the workers could not use and moved aside")
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")

@@ -49,6 +49,8 @@ from .events import (
     Message,
     Resumed,
     RunFinished,
+    RuntimeErrorRecorded,
+    ToolData,
     UndecodableRecord,
     decode_entry,
     encode_event,
@@ -396,6 +398,24 @@ class Runtime(PendingActions, RecurringSchedules):
     async def history(self, url: str) -> list[HistoryEvent]:
         """The agent journal of ``url``: user turns, assistant steps, tool intents and results."""
         return list((await self._folded(url)).system.history)
+
+    async def tool_data(self, url: str) -> dict[str, Any]:
+        """The tool data of ``url``'s calls (the latest write of each), by tool call id."""
+        return {
+            record.event.tool_call_id: record.event.data
+            async for record in self.events(url)
+            if isinstance(record, LogRecord) and isinstance(record.event, ToolData)
+        }
+
+    async def runtime_errors(self, url: str) -> list[RuntimeErrorRecorded]:
+        """The full errors of the bugs that failed runs of ``url`` (tracebacks, secret
+        values included), oldest first. For operators: the gateway never sends these
+        events to HTTP clients, who see only the redacted error of the run."""
+        return [
+            record.event
+            async for record in self.events(url)
+            if isinstance(record, LogRecord) and isinstance(record.event, RuntimeErrorRecorded)
+        ]
 
     async def conversation(self, url: str) -> list[dict[str, Any]]:
         """The conversation as the model sees it (Messages API messages)."""

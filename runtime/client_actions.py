@@ -8,17 +8,26 @@ safely and one wins.
 
 from __future__ import annotations
 
+import inspect
+import time
 from typing import Any
 
+import msgspec
+
 from .actions import (
+    ActionNotAuthorizedError,
     ActionNotPendingError,
     Authorizer,
     answer_event,
     check_answer,
     expired,
 )
+from .cancellation import CancelSignal
 from .config import Settings
-from .events import ActionRequested, encode_event
+from .contracts import CallInfo
+from .errors import ToolDisabledError
+from .events import ActionRequested, ToolData, UserTurn, encode_event
+from .registry import Registry
 from .state import EntityState
 from .store import Store
 
@@ -28,6 +37,7 @@ class PendingActions:
 
     settings: Settings
     action_authorizer: Authorizer
+    registry: Registry
 
     @property
     def _store(self) -> Store:
@@ -57,6 +67,19 @@ class PendingActions:
     ) -> str:
         return await self._answer(url, tool_call_id, "cancelled", identity, error="cancelled")
 
+    async def skip_action(
+        self,
+        url: str,
+        tool_call_id: str,
+        reason: str | None = None,
+        *,
+        identity: dict[str, str] | None = None,
+    ) -> str:
+        """Skip a pending call (client tool or approval): it is not run, and the model
+        gets a synthetic output saying so (``{"skipped": true, "reason": ...}``), which
+        the registration's ``on_output`` observes, rather than an error."""
+        return await self._answer(url, tool_call_id, "skipped", identity, error=reason or "skipped")
+
     async def approve(
         self,
         url: str,
@@ -77,6 +100,44 @@ class PendingActions:
         """Deny a call waiting for approval; the model gets ``reason`` and can act on it."""
         return await self._answer(url, tool_call_id, "denied", identity, error=reason)
 
+    async def set_tool_data(
+        self, url: str, tool_call_id: str, data: Any, *, identity: dict[str, str] | None = None
+    ) -> str:
+        """Set the tool data of a pending call (public per-call state renderers read).
+
+        Checked like an answer: the call must be pending, ``identity`` allowed to answer
+        it, and its tool enabled now (rechecked on every write, when this client's
+        registry has the agent). It does not settle the call or wake the entity."""
+        state = await self._folded(url)
+        action = state.system.actions.get(tool_call_id)
+        if action is None:
+            await self._refuse_closed(url, tool_call_id)
+            raise ActionNotPendingError(
+                f"{url} has no pending action for tool call {tool_call_id!r} "
+                "(unknown, or answered already): its tool data cannot be set"
+            )
+        if not self.action_authorizer(action, identity):
+            raise ActionNotAuthorizedError(
+                f"identity {identity!r} may not set the tool data of tool call "
+                f"{tool_call_id!r} of {url}"
+            )
+        await self._check_enabled(url, action, state)
+        event = encode_event(
+            ToolData(
+                tool_call_id=tool_call_id,
+                data=msgspec.to_builtins(data),
+                by=identity,
+                at_ms=int(time.time() * 1000),
+            ),
+            limit=self.settings.max_event_bytes,
+            what=f"tool data of tool call {tool_call_id!r}",
+        )
+        event_id = await self._store.append_tool_data(url, tool_call_id, event)
+        if event_id is None:
+            await self._refuse_closed(url, tool_call_id)
+            raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
+        return event_id
+
     async def _answer(
         self,
         url: str,
@@ -85,7 +146,8 @@ class PendingActions:
         identity: dict[str, str] | None,
         **fields: Any,
     ) -> str:
-        action = (await self._folded(url)).system.actions.get(tool_call_id)
+        state = await self._folded(url)
+        action = state.system.actions.get(tool_call_id)
         if action is None:
             await self._refuse_closed(url, tool_call_id)
         if action is not None and expired(action):
@@ -101,6 +163,9 @@ class PendingActions:
             self.action_authorizer,
             **{k: v for k, v in fields.items() if k in ("output", "edited_input")},
         )
+        assert action is not None  # check_answer refuses a missing one
+        if decision in ("output", "approved"):
+            await self._check_enabled(url, action, state)
         event = encode_event(
             answer_event(tool_call_id, decision, identity, **fields),
             limit=self.settings.max_event_bytes,
@@ -112,6 +177,34 @@ class PendingActions:
             raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} was answered already")
         return event_id
 
+    async def _check_enabled(self, url: str, action: ActionRequested, state: EntityState) -> None:
+        """Availability is rechecked at answer time: refuse an output or an approval for
+        a tool whose ``enabled`` says no now, before anything is written.
+
+        Done here when this client's registry has the call's typed agent (as the
+        worker's and ``wakeful serve APP``'s do); the run checks again in any case
+        and requests the action again if it finds the tool disabled."""
+        agent = self.registry.agent_named(action.agent) if action.agent else None
+        registration = agent.registrations().get(action.tool) if agent else None
+        if agent is None or registration is None:
+            return
+        enabled = registration.enabled
+        if not isinstance(enabled, bool):
+            identity, client_data = _caller(state, action.run_id)
+            runtime_context = None
+            if agent.runtime_context is not None:
+                runtime_context = agent.runtime_context(identity)
+                if inspect.isawaitable(runtime_context):
+                    runtime_context = await runtime_context
+            verdict = enabled(CallInfo(runtime_context, identity, client_data, url, CancelSignal()))
+            enabled = bool(await verdict if inspect.isawaitable(verdict) else verdict)
+        if not enabled:
+            raise ToolDisabledError(
+                f"the tool {action.tool!r} of {url} is disabled now: tool call "
+                f"{action.tool_call_id!r} stays pending (it can still be cancelled, failed "
+                "or skipped)"
+            )
+
     async def _refuse_closed(self, url: str, tool_call_id: str) -> None:
         """Refuse an answer to a call whose run ended (was cancelled, failed) unanswered."""
         state = await self._store.action_state(url, tool_call_id)
@@ -120,3 +213,14 @@ class PendingActions:
             raise ActionNotPendingError(
                 f"tool call {tool_call_id!r} of {url} is not pending: the run {how}"
             )
+
+
+def _caller(state: EntityState, run_id: str) -> tuple[dict[str, str] | None, Any]:
+    """``(identity, client_data)`` of the messages the run took, latest first (what the
+    run's resolvers see: ``ToolCalls.caller``)."""
+    identity, client_data = None, None
+    for event in reversed(state.system.history):
+        if isinstance(event, UserTurn) and event.run_id == run_id:
+            identity = identity or event.identity
+            client_data = client_data if client_data is not None else event.client_data
+    return identity, client_data

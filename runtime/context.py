@@ -25,7 +25,7 @@ from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
 from .contracts import AgentDef
 from .errors import ArgsConflictError, EntityNotFoundError
-from .events import Effect, Event, Subscription
+from .events import Effect, Event, Subscription, ToolData, encode_event
 from .live import LivePublisher
 from .models import Model
 from .resolution import loop_result_hook, resolve_tools
@@ -179,6 +179,8 @@ class HandlerContext:
             for tool in resolve_tools(definition, self, agent.caller, self._capabilities()):
                 agent.add_tool(tool)
             agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
+            agent.on_runtime_error = definition.on_runtime_error
+            agent.agent_name = definition.name
         else:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")
@@ -196,6 +198,22 @@ class HandlerContext:
     def runtime_tools(self) -> list[AgentTool]:
         """The runtime's own tools: send a message, dispatch a child agent, schedule a message."""
         return runtime_tools(self)
+
+    def set_tool_data(self, tool_call_id: str, data: Any) -> None:
+        """Set the tool data of a call: public per-call state that renderers read
+        (beside its input and output): live at once, durable with the call's result
+        (committed with it), in the log, the SSE stream and the console. The latest
+        write wins.
+        Typed tools call ``ctx.set_data(...)`` on their ToolContext, which comes here."""
+        event = ToolData(
+            tool_call_id=tool_call_id,
+            data=msgspec.to_builtins(data),
+            at_ms=int(time.time() * 1000),
+        )
+        # Encoded now, so data that is too big or not encodable fails at the call.
+        encode_event(event, limit=self._activation.limit, what=f"tool data of {tool_call_id!r}")
+        self._activation.record(event)
+        self._live.tool_data(tool_call_id, event.data)  # renderers see it at once
 
     def _capabilities(self) -> CapabilityPool:
         """The capabilities of this entity on this worker (for the tools of a typed agent)."""

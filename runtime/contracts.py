@@ -16,8 +16,10 @@ Both styles run on the same loop: a resolved agent is a list of ``AgentTool``s
 
 Failures: ``ctx.fail(message, data)`` is a *planned* failure (the model gets an
 error result, the run goes on). Any other exception, an output that breaks the
-output schema, or an ``on_output`` that raises is a *bug*: the run fails, the
-traceback stays in the log, and clients see a redacted error.
+output schema, or an ``on_output`` that raises is a *bug*: the run fails, clients
+see a redacted error, and the full error goes to operators only (the agent's
+``on_runtime_error`` hook, the worker log, a ``runtime_error`` event the gateway
+never sends).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 import msgspec
 
 from .agent_options import check_agent_options
-from .agent_tools import Content, struct_schema
+from .agent_tools import Content, RuntimeErrorInfo, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
 from .errors import ToolContractError, ToolFailure
@@ -59,10 +61,16 @@ class ToolContext(Generic[In, Ctx]):
     tool_call_id: str
     capabilities: Capabilities
     _on_update: Callable[[Any], None]
+    _set_data: Callable[[Any], None] = lambda data: None
 
     def update(self, progress: Any) -> None:
         """Report progress; clients see it live."""
         self._on_update(progress)
+
+    def set_data(self, data: Any) -> None:
+        """Set this call's tool data: public state that renderers read beside its input
+        and output (durable with the call's result; the latest write wins)."""
+        self._set_data(data)
 
     def fail(self, message: str, data: Any = None) -> NoReturn:
         """A planned failure: the model sees ``message`` as a failed result; the run goes on."""
@@ -197,12 +205,15 @@ class CallInfo:
 
 @dataclass(frozen=True)
 class OutputInfo(CallInfo):
-    """What ``on_output`` receives, once per settled, validated output."""
+    """What ``on_output`` receives, once per settled, validated output (its own copy:
+    changing it changes nothing else). For a skipped call (``skipped``), ``output`` is
+    the synthetic output the model is given: ``{"skipped": True, "reason": ...}``."""
 
     input: Any = None
     output: Any = None
     registration: str = ""
     tool_call_id: str = ""
+    skipped: bool = False
 
 
 @dataclass(frozen=True)
@@ -262,6 +273,9 @@ class AgentDef:
     runtime_context: Callable[[dict[str, str] | None], Any] | None = None
     lifecycle: Lifecycle | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Told of every bug that fails a run, with the full error (sync or async; what it
+    # raises is logged). Clients only ever see the redacted message.
+    on_runtime_error: Callable[[RuntimeErrorInfo], Any] | None = None
 
     def registrations(self) -> dict[str, Registration[Any, Any, Any]]:
         return {
@@ -340,6 +354,7 @@ def define_agent(
     tools: Mapping[str, ToolDef[Any, Any, Any] | Registration[Any, Any, Any]] | None = None,
     runtime_context: Callable[[dict[str, str] | None], Any] | None = None,
     lifecycle: Lifecycle | None = None,
+    on_runtime_error: Callable[[RuntimeErrorInfo], Any] | None = None,
     **options: Any,
 ) -> AgentDef:
     """Define an agent; use it from a handler with ``ctx.use_agent(agent)``.
@@ -357,6 +372,7 @@ def define_agent(
         runtime_context=runtime_context,
         lifecycle=lifecycle,
         options=options,
+        on_runtime_error=on_runtime_error,
     )
     try:
         agent.check()
@@ -549,6 +565,7 @@ __all__ = [
     "Lifecycle",
     "OutputInfo",
     "Registration",
+    "RuntimeErrorInfo",  # in agent_tools.py; re-exported here
     "ToolContext",
     "ToolContractError",  # in errors.py; re-exported here for existing imports
     "ToolDef",

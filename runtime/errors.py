@@ -34,6 +34,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- ActionNotPendingError (LookupError)
     |   |   +-- ActionNotAuthorizedError (PermissionError)
     |   |   +-- ActionValidationError (ValueError)
+    |   |   +-- ToolDisabledError             the tool is disabled now: the call stays pending
     |   +-- ClientToolsError (ValueError)
     |   +-- InvalidScheduleError (ValueError)    a recurring schedule's id, cron or zone
     |   +-- ModelError                        a model call failed (``retryable``)
@@ -235,6 +236,12 @@ class ActionValidationError(ActionError, ValueError):
     """A submitted output or an edited input does not match the tool's schema."""
 
 
+class ToolDisabledError(ActionError):
+    """An output or an approval for a call whose tool is disabled now (its ``enabled``
+    says so, rechecked at answer time): refused, the action stays pending; it can
+    still be cancelled, failed or skipped."""
+
+
 class ClientToolsError(WakefulError, ValueError):
     """A snapshot of client tool definitions sent with a message is malformed."""
 
@@ -294,12 +301,16 @@ class ToolFailure(WakefulError):
 
 class ToolBugError(WakefulError):
     """A tool broke (not a planned failure): the run fails. ``public`` is what clients
-    see; ``detail`` (the traceback) stays in the log."""
+    see; ``detail`` (the full error, a traceback) is for operators only: the agent's
+    ``on_runtime_error`` hook, the worker log, and a ``runtime_error`` event that the
+    gateway never sends (see ``Runtime.runtime_errors``)."""
 
-    def __init__(self, public: str, detail: str) -> None:
+    def __init__(self, public: str, detail: str, *, tool: str = "", tool_call_id: str = "") -> None:
         super().__init__(public)
         self.public = public
         self.detail = detail
+        self.tool = tool
+        self.tool_call_id = tool_call_id
 
 
 # -- engine-internal signals (plain exceptions: they never reach a caller) ---------------

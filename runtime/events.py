@@ -307,6 +307,12 @@ class ActionRequested(Event, tag="action_requested"):
     authorized: dict[str, str] | None = None  # the identity that may answer (None: anyone)
     created_ms: int = 0
     expires_ms: int = 0  # 0: never
+    # Set when the action is requested again because an answer to it was refused at
+    # the run (the tool was disabled by then): why, so clients can tell the person.
+    refused: str | None = None
+    # The typed agent (define_agent's name) whose registration ``tool`` is: a client
+    # whose registry has that agent rechecks the tool's ``enabled`` before answering.
+    agent: str | None = None
 
 
 class ActionSettled(Event, tag="action_settled"):
@@ -314,13 +320,43 @@ class ActionSettled(Event, tag="action_settled"):
 
     is_input: ClassVar[bool] = True
     tool_call_id: str
-    decision: Literal["output", "failed", "cancelled", "approved", "denied", "expired"]
+    # "skipped": the call is not run; the model gets a synthetic output saying so.
+    decision: Literal["output", "failed", "cancelled", "approved", "denied", "expired", "skipped"]
     output: Any = None
     error: str | None = None
     edited_input: Any = None
     by: dict[str, str] | None = None
     at_ms: int = 0
 
+
+class ToolData(Event, tag="tool_data"):
+    """Public per-call state that renderers read, beside the call's input and output:
+    written by the tool during ``execute`` (``ctx.set_data``, an output of the entity's
+    commit) or by a client for a pending call (``rt.set_tool_data``, appended like a
+    subscription: folded, it does not wake the entity). The latest write wins."""
+
+    tool_call_id: str
+    data: Any = None
+    by: dict[str, str] | None = None  # the identity of a client's write (None: the tool)
+    at_ms: int = 0
+
+
+class RuntimeErrorRecorded(Event, tag="runtime_error"):
+    """The full error of a bug that failed a run (a tool's exception, an ``on_output``
+    that raised, an invalid output): for operators only. The gateway never sends it
+    (clients see the redacted ``error`` of the run and of the tool result)."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    error: str  # the redacted message clients see
+    detail: str  # the full error (traceback), secrets included
+    tool_call_id: str = ""
+    tool: str = ""
+    at_ms: int = 0
+
+
+OPERATOR_ONLY: tuple[type[Event], ...] = (RuntimeErrorRecorded,)
+"""Kinds of events the gateway (every HTTP identity, the SSE stream) never sends."""
 
 HistoryEvent = UserTurn | AssistantStep | ToolIntent | ToolOutcome
 
@@ -346,6 +382,8 @@ AnyEvent = (
     | ToolOutcome
     | ActionRequested
     | ActionSettled
+    | ToolData
+    | RuntimeErrorRecorded
     | HandlerFailed
     | EntityFailed
 )

@@ -20,7 +20,8 @@ status code below):
                                                     ?tail=N); resumable with Last-Event-ID
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
-    POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
+    POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | skip | approve | deny
+                                                    | data (set the tool data of a pending call)
     GET  /entities/{type}/{id}/schedules            recurring schedules
     POST /entities/{type}/{id}/schedules            upsert {id, expression, timezone, payload}
     DELETE /entities/{type}/{id}/schedules/{schedule}  delete one
@@ -72,7 +73,7 @@ from .errors import (
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import LogRecord, UndecodableRecord
+from .events import OPERATOR_ONLY, LogRecord, UndecodableRecord
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .schedules import CronSchedule
@@ -396,6 +397,15 @@ def create_app(
             )
         elif verb == "cancel":
             event_id = await runtime.cancel_action(url, call, identity=identity)
+        elif verb == "data":
+            if "data" not in data:
+                raise HTTPError(400, "MissingField", "the body needs a 'data'")
+            event_id = await runtime.set_tool_data(url, call, data["data"], identity=identity)
+        elif verb == "skip":
+            reason = data.get("reason")
+            event_id = await runtime.skip_action(
+                url, call, None if reason is None else str(reason), identity=identity
+            )
         elif verb == "approve":
             event_id = await runtime.approve(
                 url, call, edited_input=data.get("edited_input"), identity=identity
@@ -514,6 +524,8 @@ async def _sse(
             kind, data = "live", msgspec.to_builtins(record.event)
         elif isinstance(record, LogRecord):
             log_pos = record.id
+            if isinstance(record.event, OPERATOR_ONLY):  # full errors: never to clients
+                continue
             kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(record.event, enc_hook=_raw)
         else:

@@ -23,7 +23,8 @@ log = logging.getLogger("wakeful.live")
 
 
 class LiveEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A text delta of model step ``step`` of run ``run_id``, or a tool's progress update.
+    """A text delta of model step ``step`` of run ``run_id``, a tool's progress update,
+    or a call's tool data as the tool sets it (durable later, with the call's result).
 
     The step tells a follower where a delta belongs even when the live stream and
     the log are read slightly out of order: ids of two streams are only ordered to
@@ -31,7 +32,7 @@ class LiveEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     the previous step's durable ``assistant_step`` and come first.
     """
 
-    kind: Literal["text", "tool_update"]
+    kind: Literal["text", "tool_update", "tool_data"]
     data: Any = None
     tool_call_id: str | None = None
     tool: str | None = None
@@ -80,6 +81,10 @@ class LivePublisher:
                 tool=tool,
             )
         )
+        self._start()
+
+    def tool_data(self, tool_call_id: str, data: Any) -> None:
+        self._push(LiveEvent(kind="tool_data", data=data, tool_call_id=tool_call_id))
         self._start()
 
     async def drain(self) -> None:

@@ -223,7 +223,11 @@ for _ = 1, n_timers do
   i = i + 3
 end
 for _ = 1, n_actions do
-  if redis.call('HSETNX', actions, ARGV[i], 'pending') == 1 then
+  -- New, or requested again after the run refused its answer ('settled'); a call
+  -- closed with its run ('cancelled', 'failed') is never reopened.
+  local was = redis.call('HGET', actions, ARGV[i])
+  if not was or was == 'settled' then
+    redis.call('HSET', actions, ARGV[i], 'pending')
     redis.call('HINCRBY', meta, 'actions', 1)
   end
   i = i + 1
@@ -439,6 +443,19 @@ else
 end
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
 return redis.call('ZRANGE', workers, 0, -1)
+"""
+
+# Append a client's tool data for a call whose action is still pending. It does not
+# wake the entity (like a subscription, it is folded, not handled).
+# -> {1, event id} | {0, state} (as SETTLE)
+TOOL_DATA = """
+local actions = KEYS[1]       -- the entity's pending actions
+local log = KEYS[2]           -- the entity's log
+local tool_call_id = ARGV[1]
+local event = ARGV[2]         -- the tool_data event
+local state = redis.call('HGET', actions, tool_call_id)
+if state ~= 'pending' then return {0, state or ''} end
+return {1, redis.call('XADD', log, '*', 'e', event)}
 """
 
 # Settle a pending action at most once: concurrent answers race here and one wins.

@@ -66,6 +66,17 @@ _ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
         {"type": "object", "properties": {"edited_input": {}}},
     ),
     ("deny", "Deny a call", {"type": "object", "properties": {"reason": _TEXT}}),
+    (
+        "data",
+        "Set the tool data of a pending call (public state renderers read; it does not "
+        "answer the call)",
+        {"type": "object", "required": ["data"], "properties": {"data": {}}},
+    ),
+    (
+        "skip",
+        "Skip a pending call (client tool or approval): the model gets a synthetic output",
+        {"type": "object", "properties": {"reason": _TEXT}},
+    ),
 ]
 
 OPENAPI: dict[str, Any] = {

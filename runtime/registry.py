@@ -82,6 +82,10 @@ class Registry:
         self._agents[agent.name] = agent
         return agent
 
+    def agent_named(self, name: str) -> AgentDef | None:
+        """The agent recorded under ``name`` (``agent()``), if any."""
+        return self._agents.get(name)
+
     def register(
         self,
         name: str,

@@ -37,6 +37,7 @@ FIRE = Script(lua.FIRE)
 DELETE = Script(lua.DELETE)
 CANCEL_TIMER = Script(lua.CANCEL_TIMER)
 SETTLE = Script(lua.SETTLE)
+TOOL_DATA = Script(lua.TOOL_DATA)
 RESUME = Script(lua.RESUME)
 QUARANTINE = Script(lua.QUARANTINE)
 CRON_UPSERT = Script(lua.CRON_UPSERT)
@@ -52,6 +53,7 @@ ALL_SCRIPTS = (
     DELETE,
     CANCEL_TIMER,
     SETTLE,
+    TOOL_DATA,
     RESUME,
     QUARANTINE,
     ACQUIRE,

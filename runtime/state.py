@@ -141,6 +141,8 @@ class SystemState(msgspec.Struct, kw_only=True):
                 self.answered.pop(event.tool_call_id, None)
         elif isinstance(event, ActionRequested):
             self.actions[event.tool_call_id] = event
+            self.settled.pop(event.tool_call_id, None)  # requested again: its answer refused
+            self.answered.pop(event.tool_call_id, None)
         elif isinstance(event, ActionSettled):
             request = self.actions.pop(event.tool_call_id, None)
             if request is not None:
@@ -155,6 +157,9 @@ class SystemState(msgspec.Struct, kw_only=True):
             # Calls of the run that still wait for an answer end with it.
             for call_id in [k for k, a in self.actions.items() if a.run_id == event.run_id]:
                 del self.actions[call_id]
+            for call_id in [k for k, a in self.answered.items() if a.run_id == event.run_id]:
+                del self.answered[call_id]
+                self.settled.pop(call_id, None)
 
     def awaited_children(self) -> int:
         return sum(1 for child in self.children.values() if child.awaited)

@@ -45,6 +45,7 @@ from .script_runner import (
     RESUME,
     SEND,
     SETTLE,
+    TOOL_DATA,
     Script,
 )
 
@@ -63,6 +64,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "RESUME",
     "SEND",
     "SETTLE",
+    "TOOL_DATA",
     "TRANSIENT_ERRORS",
     "BadItem",
     "EntityGoneError",
@@ -448,6 +450,14 @@ class Store(EntityReads, ScheduleStore):
             [k.actions(url), k.log(url), k.meta(url), k.inbox(p)],
             [tool_call_id, event, url],
         )
+        return as_str(reply[1]) if int(reply[0]) == 1 else None
+
+    async def append_tool_data(self, url: str, tool_call_id: str, event: bytes) -> str | None:
+        """Append a client's tool data for a pending call (it does not wake the entity).
+
+        Returns the event id, or None if the call's action is not pending."""
+        k = self.keys
+        reply = await self._run(TOOL_DATA, [k.actions(url), k.log(url)], [tool_call_id, event])
         return as_str(reply[1]) if int(reply[0]) == 1 else None
 
     async def action_state(self, url: str, tool_call_id: str) -> str:

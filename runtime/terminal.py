@@ -26,6 +26,8 @@ from .events import (
     LogRecord,
     RunFinished,
     RunStarted,
+    RuntimeErrorRecorded,
+    ToolData,
     ToolIntent,
     ToolOutcome,
     UndecodableRecord,
@@ -194,6 +196,8 @@ class ReplyPrinter:
                 self.text_step = step
             self.streamed[step] = self.streamed.get(step, "") + str(event.data)
             self._text(str(event.data))
+        elif event.kind == "tool_data":
+            return  # the durable tool_data event is printed when it comes
         else:
             self._note(
                 f"[dim]  … {escape(record.event.tool or '')}: {escape(short(record.event.data))}[/]"
@@ -225,6 +229,8 @@ class ReplyPrinter:
             self._note(f"{mark} {escape(short(text))}[/]")
         elif isinstance(event, ActionRequested):
             waits = "approval" if event.kind == "approval" else "the client"
+            if event.refused:
+                self._note(f"[yellow]  {escape(event.refused)}[/]")
             self._note(
                 f"[yellow]⏸ {escape(event.tool)} {escape(short(event.input))} waits for {waits} "
                 f"(tool call {event.tool_call_id})[/]"
@@ -232,6 +238,15 @@ class ReplyPrinter:
         elif isinstance(event, ActionSettled):
             by = f" by {short(event.by)}" if event.by else ""
             self._note(f"[dim]  {event.decision}{escape(by)}[/]")
+        elif isinstance(event, RuntimeErrorRecorded):  # operators only: full in --json
+            last = event.detail.strip().splitlines()[-1:] or [""]
+            self._note(f"[red]  runtime error: {escape(event.error)}: {escape(last[0])}[/]")
+        elif isinstance(event, ToolData):
+            by = f" (by {short(event.by)})" if event.by else ""
+            self._note(
+                f"[dim]  ▤ tool data of {escape(event.tool_call_id)}{escape(by)}: "
+                f"{escape(short(event.data))}[/]"
+            )
         elif isinstance(event, ChildRunFinished):
             self._note(f"[dim]↩ {escape(event.child)} {event.status}[/]")
         elif isinstance(event, RunFinished):

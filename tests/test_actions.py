@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -32,7 +33,9 @@ from wakeful.actions import (
 )
 from wakeful.agent import RunResult
 from wakeful.contracts import ApprovalInfo, CallInfo, OutputInfo
+from wakeful.errors import ToolDisabledError
 from wakeful.events import ActionRequested, ActionSettled, ToolOutcome
+from wakeful.gateway import bearer_tokens, create_app
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -93,9 +96,18 @@ def model_for(*calls: dict[str, Any]) -> ScriptedModel:
     return ScriptedModel(respond)
 
 
-def app(tools: dict[str, Any], calls: list[dict[str, Any]], runs: list[RunResult]) -> Registry:
+def app(
+    tools: dict[str, Any],
+    calls: list[dict[str, Any]],
+    runs: list[RunResult],
+    *,
+    register: bool = False,
+) -> Registry:
+    """``register``: the registry knows the agent, so its clients recheck ``enabled``."""
     agent = define_agent(name="page", instructions=".", model=model_for(*calls), tools=tools)
     reg = Registry()
+    if register:
+        reg.agent(agent)
 
     @reg.entity("page")
     async def page(ctx: HandlerContext) -> None:
@@ -431,10 +443,99 @@ async def test_cancel_also_settles_an_approval(cluster: Any) -> None:
     assert "cancelled" in text(await outcome(rt, "d1"))
 
 
-@pytest.mark.parametrize("answer", ["submit", "approve", "cancel"])
-async def test_a_tool_disabled_while_pending_rejects_success_but_not_cancel(
+@pytest.mark.parametrize("kind", ["client", "approval"])
+async def test_a_skipped_call_gives_the_model_a_synthetic_output_observed_by_on_output(
+    cluster: Any, kind: str
+) -> None:
+    executions: list[str] = []
+    observed: list[OutputInfo] = []
+    runs: list[RunResult] = []
+
+    async def on_output(info: OutputInfo) -> None:
+        observed.append(info)
+
+    if kind == "approval":
+        tools = {"t": Registration(deleter(executions), needs_approval=True, on_output=on_output)}
+        calls = [use("c1", "t", {"path": "/tmp/a"})]
+    else:
+        tools = {"t": Registration(get_selected, on_output=on_output)}
+        calls = [use("c1", "t", {})]
+    rt = await cluster.runtime(app(tools, calls, runs))
+    await rt.send(URL, "go", identity=U1)
+    await suspended(rt)
+    with pytest.raises(ActionNotAuthorizedError):
+        await rt.skip_action(URL, "c1", "not yours", identity=U2)
+    await rt.skip_action(URL, "c1", "not needed now", identity=U1)
+    finished = await settled_run(rt)
+    assert finished.status == "completed"
+    assert executions == []
+    synthetic = {"skipped": True, "reason": "not needed now"}
+    result = await outcome(rt, "c1")
+    assert not result.is_error
+    assert result.details == {"output": synthetic, "skipped": True}
+    assert "skipped" in text(result) and "not needed now" in text(result)
+    assert "not needed now" in (finished.response or "")  # the model saw it
+    [info] = observed
+    assert info.skipped and info.output == synthetic and info.tool_call_id == "c1"
+    [answer] = await of_type(rt, ActionSettled)
+    assert answer.decision == "skipped" and answer.by == U1
+    with pytest.raises(ActionNotPendingError):
+        await rt.skip_action(URL, "c1", identity=U1)
+
+
+@pytest.mark.parametrize("answer", ["submit", "approve"])
+async def test_a_tool_disabled_while_pending_refuses_an_answer_and_stays_pending(
     cluster: Any, answer: str
 ) -> None:
+    """The client rechecks ``enabled`` (its registry knows the agent): an output or an
+    approval is refused with a clear error; cancel and fail stay available."""
+    enabled = {"on": True}
+    executions: list[str] = []
+    runs: list[RunResult] = []
+    is_on = lambda _info: enabled["on"]  # noqa: E731
+    if answer == "approve":
+        tools = {"t": Registration(deleter(executions), enabled=is_on, needs_approval=True)}
+        calls = [use("c1", "t", {"path": "/tmp/a"})]
+    else:
+        tools = {"t": Registration(get_selected, enabled=is_on)}
+        calls = [use("c1", "t", {})]
+    rt = await cluster.runtime(app(tools, calls, runs, register=True))
+    await rt.send(URL, "go", identity=U1)
+    await suspended(rt)
+    enabled["on"] = False
+    with pytest.raises(ToolDisabledError, match=r"'t'.*disabled.*stays pending"):
+        if answer == "submit":
+            await rt.submit_tool_result(URL, "c1", {"text": "x"}, identity=U1)
+        else:
+            await rt.approve(URL, "c1", identity=U1)
+    await suspended(rt)  # nothing was written: the action is still pending
+    assert [a.tool_call_id for a in await rt.pending_actions(URL)] == ["c1"]
+    assert not await of_type(rt, ActionSettled)
+    # Over HTTP: 409 with the error's type.
+    gateway = create_app(rt, authenticate=bearer_tokens({"t1": U1}))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(gateway), base_url="http://gw")
+    verb, body = ("submit", {"output": {"text": "x"}}) if answer == "submit" else ("approve", {})
+    async with http:
+        refused = await http.post(
+            f"/entities/page/p/actions/c1/{verb}",
+            json=body,
+            headers={"Authorization": "Bearer t1"},
+        )
+    assert refused.status_code == 409 and refused.json()["error"]["type"] == "ToolDisabledError"
+    # Cancel stays available.
+    await rt.cancel_action(URL, "c1", identity=U1)
+    finished = await settled_run(rt)
+    assert finished.status == "completed"
+    assert executions == []
+    assert "cancelled" in text(await outcome(rt, "c1"))
+
+
+@pytest.mark.parametrize("answer", ["submit", "approve"])
+async def test_an_answer_the_run_finds_disabled_is_refused_and_the_action_reopens(
+    cluster: Any, answer: str
+) -> None:
+    """A client that cannot recheck (its registry lacks the agent) writes the answer;
+    the run rechecks, refuses it, and the action is pending again, saying why."""
     enabled = {"on": True}
     executions: list[str] = []
     runs: list[RunResult] = []
@@ -451,19 +552,45 @@ async def test_a_tool_disabled_while_pending_rejects_success_but_not_cancel(
     enabled["on"] = False
     if answer == "submit":
         await rt.submit_tool_result(URL, "c1", {"text": "x"}, identity=U1)
-    elif answer == "approve":
-        await rt.approve(URL, "c1", identity=U1)
     else:
-        await rt.cancel_action(URL, "c1", identity=U1)
+        await rt.approve(URL, "c1", identity=U1)
+    await suspended(rt)
+    [again] = await rt.pending_actions(URL)
+    assert again.tool_call_id == "c1" and "disabled" in (again.refused or "")
+    assert not await of_type(rt, ToolOutcome)
+    # The tool is enabled again: the same action can now be answered, once.
+    enabled["on"] = True
+    if answer == "submit":
+        await rt.submit_tool_result(URL, "c1", {"text": "now"}, identity=U1)
+    else:
+        await rt.approve(URL, "c1", identity=U1)
     finished = await settled_run(rt)
     assert finished.status == "completed"
-    assert executions == []
-    result = await outcome(rt, "c1")
-    assert result.is_error
-    if answer == "cancel":
-        assert "cancelled" in text(result)
+    assert not (await outcome(rt, "c1")).is_error
+    assert executions == ([] if answer == "submit" else ["/tmp/a"])
+    assert (await rt.status(URL)).pending_actions == 0
+
+
+@pytest.mark.parametrize("how", ["fail", "cancel", "skip"])
+async def test_fail_cancel_and_skip_stay_available_while_the_tool_is_disabled(
+    cluster: Any, how: str
+) -> None:
+    enabled = {"on": True}
+    runs: list[RunResult] = []
+    tools = {"t": Registration(get_selected, enabled=lambda _info: enabled["on"])}
+    rt = await cluster.runtime(app(tools, [use("c1", "t", {})], runs, register=True))
+    await rt.send(URL, "go", identity=U1)
+    await suspended(rt)
+    enabled["on"] = False
+    if how == "fail":
+        await rt.fail_action(URL, "c1", "no browser", identity=U1)
+    elif how == "cancel":
+        await rt.cancel_action(URL, "c1", identity=U1)
     else:
-        assert "disabled" in text(result) and "rejected" in text(result)
+        await rt.skip_action(URL, "c1", "not now", identity=U1)
+    finished = await settled_run(rt)
+    assert finished.status == "completed"
+    assert (await rt.status(URL)).pending_actions == 0
 
 
 # -- expiry ---------------------------------------------------------------------------
@@ -727,3 +854,23 @@ async def test_a_message_sent_while_suspended_does_not_hide_the_submitted_output
     assert finished.status == "completed"
     assert "the selection" in (finished.response or "")
     assert "interrupted" not in json.dumps(await rt.conversation(URL))
+
+
+async def test_skip_over_http(cluster: Any) -> None:
+    runs: list[RunResult] = []
+    rt = await cluster.runtime(app({"t": Registration(get_selected)}, [use("c1", "t", {})], runs))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    async with http:
+        await http.post("/entities/page/p/messages", json={"payload": "go"})
+        await suspended(rt)
+        skipped = await http.post(
+            "/entities/page/p/actions/c1/skip", json={"reason": "later, over HTTP"}
+        )
+        assert skipped.status_code == 200, skipped.text
+        again = await http.post("/entities/page/p/actions/c1/skip", json={})
+        assert again.status_code == 409
+        spec = (await http.get("/openapi.json")).json()
+    assert "/entities/{type}/{id}/actions/{call}/skip" in spec["paths"]
+    finished = await settled_run(rt)
+    assert "later, over HTTP" in (finished.response or "")
+    assert (await outcome(rt, "c1")).details["output"]["skipped"] is True

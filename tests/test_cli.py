@@ -14,6 +14,7 @@ import pytest
 
 from wakeful import HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.entities import assistant, notes
+from wakeful.events import ToolOutcome
 from wakeful.models import ModelError
 
 pytestmark = pytest.mark.anyio
@@ -251,6 +252,33 @@ async def test_pending_approve_and_deny(worker, server_url, prefix):
     assert (await worker.state("/assistant/p1"))["kv"] == [{"key": "pet", "value": "a cat"}]
     none = await run(server_url, prefix, "pending", "/assistant/p1")
     assert "has no pending actions" in none.stdout
+
+
+async def test_set_data_and_skip_a_pending_call_from_the_command_line(worker, server_url, prefix):
+    await worker.ask("/assistant/k1", "remember that my city is Lyon")
+    await run(server_url, prefix, "ask", "/assistant/k1", "forget my city", "--no-input")
+    [action] = await worker.pending_actions("/assistant/k1")
+    data = await run(
+        server_url, prefix, "set-data", "/assistant/k1", action.tool_call_id, '{"seen": true}'
+    )
+    assert data.returncode == 0, data.stderr
+    assert await worker.tool_data("/assistant/k1") == {action.tool_call_id: {"seen": True}}
+    bad = await run(server_url, prefix, "set-data", "/assistant/k1", action.tool_call_id, "{")
+    assert bad.returncode != 0 and "not JSON" in bad.stderr
+    skipped = await run(
+        server_url, prefix, "skip", "/assistant/k1", action.tool_call_id, "--reason", "not now"
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped" in skipped.stdout
+    await worker.wait_idle("/assistant/k1")
+    assert await worker.pending_actions("/assistant/k1") == []
+    assert (await worker.state("/assistant/k1"))["kv"] == [{"key": "city", "value": "Lyon"}]
+    [result] = [
+        e
+        for e in await worker.history("/assistant/k1")
+        if isinstance(e, ToolOutcome) and e.tool_call_id == action.tool_call_id
+    ]
+    assert not result.is_error and result.details["output"]["reason"] == "not now"
 
 
 async def test_tail_json_and_resume(worker, server_url, prefix):

@@ -156,6 +156,27 @@ async def test_deny_keeps_the_row(gateway, page):
     assert (await rt.state("/assistant/web3"))["kv"] == [{"key": "pet", "value": "a cat"}]
 
 
+async def test_tool_data_and_skip_in_the_console(gateway, page):
+    base, rt = gateway
+    await rt.ask("/assistant/web7", "remember that my pet is a cat")
+    await open_entity(page, base, "web7")
+    await say(page, "forget my pet")
+    await page.locator("#actions .action[data-kind=approval] button.skip").wait_for()
+    # Tool data (a client's, for the pending call) shows on the call's card.
+    [action] = await rt.pending_actions("/assistant/web7")
+    await rt.set_tool_data("/assistant/web7", action.tool_call_id, {"reviewed_by": "ops"})
+    await page.locator(".tool .data", has_text="reviewed_by").wait_for()
+    await page.locator("#actions .action[data-kind=approval] button.skip").click()
+    await page.locator(".tool", has_text="memory").filter(has_text="skipped").wait_for()
+    await page.locator("#actions", has_text="none").wait_for()
+    await rt.wait_idle("/assistant/web7")
+    [answer] = [
+        r.event async for r in rt.events("/assistant/web7") if isinstance(r.event, ActionSettled)
+    ]
+    assert answer.decision == "skipped" and answer.error == "skipped in the console"
+    assert (await rt.state("/assistant/web7"))["kv"] == [{"key": "pet", "value": "a cat"}]
+
+
 async def test_page_answers_the_client_tool(gateway, page):
     base, rt = gateway
     await open_entity(page, base, "web4")

@@ -179,7 +179,9 @@ async def test_an_output_that_breaks_the_output_schema_fails_the_run(cluster):
     assert (run.status, run.error) == ("failed", "internal error in tool 'count' (call c1)")
     outcome = (await outcomes(rt))["c1"]
     assert outcome.is_error
-    assert "output does not match Count" in outcome.details["traceback"]
+    assert "traceback" not in outcome.details  # the full error is for operators only
+    [bug] = await rt.runtime_errors(URL)
+    assert "output does not match Count" in bug.detail
     assert len(model.requests) == 1  # the model never sees the broken output
 
 
@@ -223,7 +225,9 @@ async def test_an_exception_fails_the_run_and_clients_see_a_redacted_error(clust
     assert run.status == "failed" and "hunter2" not in (run.error or "")
     outcome = (await outcomes(rt))["c1"]
     assert "hunter2" not in outcome.content[0]["text"]
-    assert "RuntimeError: password=hunter2" in outcome.details["traceback"]
+    assert "hunter2" not in repr(outcome.details)
+    [bug] = await rt.runtime_errors(URL)
+    assert "RuntimeError: password=hunter2" in bug.detail
     assert executions == ["c1"]
     assert len(model.requests) == 1
 
@@ -534,7 +538,8 @@ async def test_a_raising_on_output_fails_the_run(cluster):
     with pytest.raises(RunFailedError) as failed:
         await rt.ask(URL, "go")
     assert failed.value.error == "internal error in tool 'up' (call c1)"
-    assert "observer secret" in (await outcomes(rt))["c1"].details["traceback"]
+    [bug] = await rt.runtime_errors(URL)
+    assert "observer secret" in bug.detail
     assert len(model.requests) == 1
 
 

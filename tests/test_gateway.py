@@ -232,8 +232,10 @@ async def test_manifest_openapi_and_cancel(cluster):
         assert sorted(p.rsplit("/", 1)[1] for p in answers) == [
             "approve",
             "cancel",
+            "data",
             "deny",
             "fail",
+            "skip",
             "submit",
         ]
         submit = spec["paths"]["/entities/{type}/{id}/actions/{call}/submit"]["post"]

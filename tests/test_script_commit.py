@@ -229,6 +229,21 @@ async def test_a_commit_marks_each_action_pending_once_and_counts_it(store):
     assert (await meta(store, URL))["actions"] == "2"
 
 
+async def test_a_commit_reopens_a_settled_action_but_never_a_closed_one(store):
+    created, _, _, token = await woken(store)
+    await store.commit(URL, token, actions=["a", "b"], created=created)
+    assert await store.settle_action(URL, "a", b"answer") is not None  # a: settled
+    await store.commit(URL, token, closed_actions=[("b", "cancelled")], created=created)
+    assert (await meta(store, URL))["actions"] == "0"
+    # The run refused a's answer and requested it again; b's run had ended.
+    await store.commit(URL, token, actions=["a", "b"], created=created)
+    assert await store.redis.hgetall(store.keys.actions(URL)) == {
+        b"a": b"pending",
+        b"b": b"cancelled",
+    }
+    assert (await meta(store, URL))["actions"] == "1"
+
+
 async def test_a_snapshot_covers_the_last_output_of_its_commit(store):
     created, [m1], _, token = await woken(store)
     ids = await store.commit(

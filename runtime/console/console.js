@@ -321,6 +321,8 @@ function onLive(event) {
     }
     bubble.querySelector(".text").textContent += event.data;
     bubble.dataset.deltas = String(Number(bubble.dataset.deltas || 0) + 1);
+  } else if (event.kind === "tool_data") {
+    toolCard(event.tool_call_id).querySelector(".data").textContent = `▤ ${show(event.data)}`;
   } else if (event.kind === "tool_update") {
     const card = toolCard(event.tool_call_id, event.tool);
     card.querySelector(".progress").textContent = show(event.data);
@@ -360,6 +362,12 @@ function onDurable(kind, event) {
     case "action_requested": {
       const card = toolCard(event.tool_call_id, event.tool);
       setToolState(card, event.kind === "approval" ? "waiting for approval" : "waiting for the client");
+      break;
+    }
+    case "tool_data": {
+      // Public per-call state (the tool's, or a client's for a pending call): the latest wins.
+      const card = toolCard(event.tool_call_id);
+      card.querySelector(".data").textContent = `▤ ${show(event.data)}`;
       break;
     }
     case "action_settled": {
@@ -472,7 +480,8 @@ function toolCard(callId, name) {
     card.dataset.call = callId;
     card.innerHTML =
       '<span class="name"></span><span class="state"></span>' +
-      '<div class="input json"></div><div class="progress"></div><div class="result"></div>';
+      '<div class="input json"></div><div class="progress"></div><div class="data"></div>' +
+      '<div class="result"></div>';
     $("#messages").append(card);
     app.toolCards.set(callId, card);
   }
@@ -570,7 +579,8 @@ function drawActions(actions) {
         '<pre class="input"></pre><div class="buttons"></div>';
       card.querySelector(".tool-name").textContent = action.tool;
       card.querySelector(".kind").textContent =
-        action.kind === "approval" ? "needs your approval" : "waits for the client";
+        (action.kind === "approval" ? "needs your approval" : "waits for the client") +
+        (action.refused ? ` (${action.refused})` : "");
       card.querySelector(".input").textContent = JSON.stringify(action.input, null, 1);
       const buttons = card.querySelector(".buttons");
       if (action.kind === "approval") {
@@ -579,16 +589,25 @@ function drawActions(actions) {
           button("Deny", "deny", () =>
             answer(url, action, "deny", { reason: "denied in the console" }),
           ),
+          skipButton(url, action),
         );
       } else if (!app.answering.has(action.tool_call_id)) {
         buttons.append(
           button("Fail", "deny", () =>
             answer(url, action, "fail", { error: "failed in the console" }),
           ),
+          skipButton(url, action),
         );
       }
       return card;
     }),
+  );
+}
+
+// Skip: the call is not run; the model gets a synthetic output saying so.
+function skipButton(url, action) {
+  return button("Skip", "skip", () =>
+    answer(url, action, "skip", { reason: "skipped in the console" }),
   );
 }
 
