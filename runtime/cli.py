@@ -129,8 +129,10 @@ async def _worker(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .authorization import load_authorizer
     from .gateway import bearer_tokens, create_app
 
+    authorize = load_authorizer(args.authorizer) if args.authorizer else None
     registry = load_registry(args.app)
     settings = _settings(args)
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
@@ -141,12 +143,16 @@ async def _serve(args: argparse.Namespace) -> int:
         if not sep or not user or not token:
             raise WakefulError(f"--token {spec!r} must be USER=TOKEN")
         tokens[token] = {"user": user}
-    app = create_app(rt, authenticate=bearer_tokens(tokens) if tokens else None)
+    app = create_app(
+        rt, authenticate=bearer_tokens(tokens) if tokens else None, authorize=authorize
+    )
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     )
     base = f"http://{args.host}:{args.port}"
     print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
+    policy = args.authorizer or ("owner" if tokens else "allow-all")
+    print(f"authorisation: {policy}", flush=True)
     if rt.worker is None:
         live = await rt.workers()
         if live:
