@@ -11,7 +11,8 @@ Events are either *inputs* (they wake the entity: ``created``, ``msg``,
 ``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``),
 *system* events folded by the runtime but not shown to handlers (``subscribed``),
 or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
-``run_started``, ``run_finished``, ``handler_error``, ``failed``, ``resumed``).
+``run_started``, ``run_finished``, ``message_held``, ``handler_error``, ``failed``,
+``resumed``).
 """
 
 from __future__ import annotations
