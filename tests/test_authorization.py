@@ -28,10 +28,20 @@ from wakeful.authorization import (
     owner_only,
 )
 from wakeful.errors import ConfigError, OwnerChangedError
-from wakeful.events import MessageHeld, RunFinished, RunStarted, UserTurn
+from wakeful.events import (
+    ActionSettled,
+    Created,
+    Message,
+    MessageHeld,
+    RunFinished,
+    RunStarted,
+    UserTurn,
+)
 from wakeful.gateway import bearer_tokens, create_app
 from wakeful.keys import owner_mark
 from wakeful.models import ModelRequest, ModelResponse
+from wakeful.run_owner import split_inputs
+from wakeful.state import SystemState
 
 pytestmark = pytest.mark.anyio
 
@@ -379,3 +389,42 @@ async def test_an_idempotency_key_of_another_identity_is_a_new_key(cluster: Any)
     await rt.wait_idle("/echo/shared")
     payloads = [e.payload for e in await log(rt, "/echo/shared") if type(e).__name__ == "Message"]
     assert payloads == ["alice's", "bob's", "anonymous"]
+
+
+async def test_a_held_message_starts_its_run_when_the_open_run_is_cancelled(
+    cluster: Any,
+) -> None:
+    rt = await cluster.runtime(registry([]))
+    await rt.send(VAULT, "forget city", identity=ALICE)
+    alices = await suspended_on(rt, VAULT)
+    await rt.send(VAULT, "forget pet", identity=BOB)
+    assert (await suspended_on(rt, VAULT)).tool_call_id == alices.tool_call_id
+    await rt.cancel(VAULT)
+    bobs = await suspended_on(rt, VAULT)
+    assert bobs.authorized == BOB and bobs.input == {"key": "pet"}
+
+
+def test_whom_a_wake_acts_for_and_which_inputs_join_the_open_run() -> None:
+    def msg(n: int, who: Any) -> LogRecord:
+        return LogRecord(f"{n}-0", Message(payload=n, identity=who))
+
+    created = LogRecord("1-0", Created(type="t"))
+    settled = LogRecord("5-0", ActionSettled(tool_call_id="c", decision="approved"))
+    closed = SystemState()
+    # No run open: the first input's identity, or the owner's for anything but a message;
+    # the inputs are cut before the first message of another identity.
+    split = split_inputs(closed, [created, msg(2, ALICE), msg(3, BOB)], ALICE)
+    assert (split.held, [r.id for r in split.taken], split.identity) == ([], ["1-0", "2-0"], ALICE)
+    split = split_inputs(closed, [msg(2, None), msg(3, None), msg(4, BOB)], ALICE)
+    assert ([r.id for r in split.taken], split.identity) == (["2-0", "3-0"], None)
+    # alice's run is open: bob's messages at the head are held, and nothing else runs.
+    open_run = SystemState(run="run-1", run_identity=ALICE)
+    split = split_inputs(open_run, [msg(2, BOB), msg(3, None), settled, msg(6, ALICE)], ALICE)
+    assert ([r.id for r in split.held], split.taken) == (["2-0", "3-0"], [])
+    # Behind her own inputs, they wait for the next wake.
+    split = split_inputs(open_run, [settled, msg(6, ALICE), msg(7, BOB)], BOB)
+    assert (split.held, [r.id for r in split.taken], split.identity) == (
+        [],
+        ["5-0", "6-0"],
+        ALICE,
+    )
