@@ -4,6 +4,9 @@ to their caller. One test per attack of issue 13 (items 1, 2, 3 and 9)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -252,6 +255,21 @@ def test_serve_policies_are_chosen_by_name_or_module() -> None:
     ):
         with pytest.raises(ConfigError, match=says):
             load_authorizer(bad)
+
+
+POLICY = ["--authorizer", "everyone"]
+
+
+def test_serve_refuses_an_unknown_policy_before_it_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "wakeful.cli", "serve", "wakeful.entities:registry", *POLICY],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "--authorizer 'everyone' must be 'owner', 'allow-all' or module:function" in done.stderr
 
 
 # -- item 2: a run belongs to the identity that started it --------------------------------
