@@ -88,7 +88,7 @@ class Activation:
         identity: dict[str, str] | None = None,
     ) -> None:
         self.url = url
-        # Whom this wake acts for (``wakeful.run_owner.wake_identity``): a run it opens
+        # Whom this wake acts for (``wakeful.run_owner.split_inputs``): a run it opens
         # belongs to it, and the messages and children it makes carry it.
         self.identity = identity
         self.created = created

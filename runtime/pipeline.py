@@ -212,8 +212,8 @@ class WakePipeline:
         if len(split.taken) < len(wake.inputs):
             wake.inputs, wake.remember = split.taken, False  # folded past the rest
         ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
-        open_run = state.system.run
-        open_identity = state.system.run_identity
+        system = state.system
+        open_run, open_identity, held = system.run, system.run_identity, dict(system.held)
         act = self._activation(ticket, state, wake.entity_type, inputs, split.identity)
         cancel = next(
             (r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None
@@ -245,7 +245,7 @@ class WakePipeline:
             return
         except Exception as exc:
             self.cache.forget(ticket.url)  # the state holds writes that never committed
-            state.system.run, state.system.run_identity = open_run, open_identity
+            system.run, system.run_identity, system.held = open_run, open_identity, held
             await self.parking.handler_failed(ticket, inputs, attempts, exc, act)
             return
         except BaseExceptionGroup as group:  # a handler's own task group was interrupted
@@ -273,7 +273,9 @@ class WakePipeline:
         for record in held:
             assert isinstance(record.event, Message)
             act.record(MessageHeld(input_id=record.id, message=record.event))
-        wake.inputs, wake.remember = held, False  # folded past the inputs after them
+        # Not cached if the state was folded past inputs after them.
+        wake.remember = wake.remember and len(held) == len(wake.inputs)
+        wake.inputs = held
         resumed_upto = _attempted_upto(wake.meta.partial, held[0].id)
         covered = resumed_upto is None or not id_gt(resumed_upto, held[-1].id)
         await self._commit(

@@ -446,3 +446,34 @@ def test_whom_a_wake_acts_for_and_which_inputs_join_the_open_run() -> None:
         ["5-0", "6-0"],
         ALICE,
     )
+
+
+async def test_held_messages_are_released_when_the_run_fails_after_its_last_retry(
+    cluster: Any,
+) -> None:
+    """The handler finishes alice's run and then raises, every attempt: the run ends as
+    failed when the entity is parked, and bob's held message is still sent on."""
+    reg = Registry()
+
+    @reg.entity("keeper")
+    async def keeper(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            ctx.record_run()  # left open: the next message of alice's may finish it
+            if m.payload == "finish badly":
+                ctx.reply("finished")
+                raise RuntimeError("broke after finishing")
+
+    rt = await cluster.runtime(reg, max_attempts=2)
+    await rt.send("/keeper/k", "start", identity=ALICE)
+    await rt.wait_idle("/keeper/k")
+    bobs = await rt.send("/keeper/k", "from bob", identity=BOB)
+    await rt.wait_idle("/keeper/k")
+    assert [e.input_id for e in await log(rt, "/keeper/k") if isinstance(e, MessageHeld)] == [bobs]
+    await rt.send("/keeper/k", "finish badly", identity=ALICE)
+    assert (await rt.wait_idle("/keeper/k")).status == "failed"
+    events = await log(rt, "/keeper/k")
+    [finished] = [e for e in events if isinstance(e, RunFinished)]
+    assert finished.status == "failed"
+    after = events[events.index(finished) :]
+    released = [e for e in after if isinstance(e, Message) and e.identity == BOB]
+    assert [m.payload for m in released] == ["from bob"]
