@@ -20,10 +20,11 @@ Policies (``wakeful serve --authorizer``):
 * ``module:function``: any callable taking an :class:`EntityAccess` and returning
   a bool (or an awaitable of one).
 
-The decision and the write are one step: a write carries the owner the policy saw
-(:func:`wakeful.keys.owner_mark`), the SEND script refuses it if the entity's
-owner changed meanwhile (created by another, deleted, re-created), and the
-gateway decides again. Reading a missing entity is a 404 whatever the policy says
+The decision and the write are one step: a create or a message carries the owner
+the policy saw (:func:`wakeful.keys.owner_mark`), the SEND script refuses it if
+the entity's owner changed meanwhile (created by another, deleted, re-created),
+and the gateway decides again. (A cancel or an answer needs the entity to exist
+already.) A policy's answer counts only if it is ``True``. Reading a missing entity is a 404 whatever the policy says
 (the entity may be created by someone else between the check and the read).
 Answers to pending actions are checked again, against the identity of the run
 that asked (``wakeful.actions``).
