@@ -150,9 +150,12 @@ async def _serve(args: argparse.Namespace) -> int:
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     )
     base = f"http://{args.host}:{args.port}"
-    print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
     policy = args.authorizer or ("owner" if tokens else "allow-all")
-    print(f"authorisation: {policy}", flush=True)
+    print(
+        f"serving {', '.join(registry.names())} on {base} "
+        f"(console: {base}/console/; authorisation: {policy})",
+        flush=True,
+    )
     if rt.worker is None:
         live = await rt.workers()
         if live:
