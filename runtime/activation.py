@@ -85,8 +85,12 @@ class Activation:
         db: Database,
         inputs: list[LogRecord],
         max_event_bytes: int,
+        identity: dict[str, str] | None = None,
     ) -> None:
         self.url = url
+        # Whom this wake acts for (``wakeful.run_owner.split_inputs``): a run it opens
+        # belongs to it, and the messages and children it makes carry it.
+        self.identity = identity
         self.created = created
         self.state = state
         self.db = db
@@ -166,7 +170,13 @@ class Activation:
     def record_run(self) -> str:
         """Open a run for this wake unless one is open; return its id."""
         if self.state.system.run is None:
-            self.record(RunStarted(run_id=f"run-{self.wake_id}", at_ms=int(time.time() * 1000)))
+            self.record(
+                RunStarted(
+                    run_id=f"run-{self.wake_id}",
+                    at_ms=int(time.time() * 1000),
+                    identity=self.identity,
+                )
+            )
         return self.state.system.run  # type: ignore[return-value]
 
     def finish_run(
@@ -186,6 +196,13 @@ class Activation:
         for action in self.state.system.actions.values():
             if action.run_id == run_id:
                 self._closed.append((call, (action.tool_call_id, status)))
+        # Messages of other identities waited for this run: each goes to the entity
+        # again, after the run, to start a run of its own (the fold forgets them with
+        # the RunFinished below, in the same commit).
+        for message in self.state.system.held.values():
+            self.add_effect(
+                Effect(kind="notify", target=self.url, key=self.next_key(), notice=message)
+            )
         self.record(
             RunFinished(
                 run_id=run_id,

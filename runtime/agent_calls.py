@@ -100,14 +100,17 @@ class ToolCalls:
             await self.wake.flush()
 
     def caller(self) -> tuple[dict[str, str] | None, Any]:
-        """``(identity, client_data)`` of the messages the open run took, latest first."""
-        identity, client_data = None, None
+        """``(identity, client_data)`` of the open run: the identity it belongs to
+        (``RunStarted.identity``; for a run journaled before runs recorded one, that
+        of its first message), and the client data of its latest message."""
+        identity, client_data = self._system.run_identity, None
         run = self.wake.activation.current_run
+        first: dict[str, str] | None = None
         for event in reversed(self._system.history):
             if isinstance(event, UserTurn) and event.run_id == run:
-                identity = identity or event.identity
+                first = event.identity
                 client_data = client_data if client_data is not None else event.client_data
-        return identity, client_data
+        return identity if identity is not None else first, client_data
 
     def _check_lease(self) -> None:
         """Right before a model request or a tool's execute: stop if the wake's lease

@@ -135,8 +135,10 @@ async def _worker(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .authorization import load_authorizer
     from .gateway import bearer_tokens, create_app
 
+    authorize = load_authorizer(args.authorizer) if args.authorizer else None
     registry = load_registry(args.app)
     settings = _settings(args)
     if args.token:
@@ -147,13 +149,20 @@ async def _serve(args: argparse.Namespace) -> int:
     tokens = load_tokens(args.token, args.token_file)
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
-    app = create_app(rt, authenticate=bearer_tokens(tokens) if tokens else None)
+    app = create_app(
+        rt, authenticate=bearer_tokens(tokens) if tokens else None, authorize=authorize
+    )
     server = uvicorn.Server(
         # log_config=None: uvicorn logs through the root logger, whose lines are redacted
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", log_config=None)
     )
     base = f"http://{args.host}:{args.port}"
-    print(f"serving {', '.join(registry.names())} on {base} (console: {base}/console/)", flush=True)
+    policy = args.authorizer or ("owner" if tokens else "allow-all")
+    print(
+        f"serving {', '.join(registry.names())} on {base} "
+        f"(console: {base}/console/; authorisation: {policy})",
+        flush=True,
+    )
     if rt.worker is None:
         live = await rt.workers()
         if live:

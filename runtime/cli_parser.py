@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-file", metavar="PATH", help="USER=TOKEN lines (# comments), one token a line"
     )
+    p.add_argument(
+        "--authorizer",
+        metavar="POLICY",
+        help="who may read and write which entity: 'owner' (the default with --token: an "
+        "entity belongs to the identity that created it), 'allow-all' (the default "
+        "without), or module:function",
+    )
     p = command("send", "send a message to an entity (creating it)")
     p.add_argument("url")
     p.add_argument("text")

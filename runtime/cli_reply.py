@@ -115,19 +115,22 @@ async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: 
     from rich.prompt import Confirm, Prompt
 
     answered = False
-    for action in (a for a in pending if a.kind == "approval"):
+    identity = identity_of(args)
+    # Only the calls this identity may answer (a run of another's is not ours to approve).
+    mine = [a for a in pending if a.kind == "approval" and rt.action_authorizer(a, identity)]
+    for action in mine:
         question = (
             f"[yellow]approve[/] {terminal.escape(action.tool)} "
             f"{terminal.escape(terminal.short(action.input))} ([dim]{action.tool_call_id}[/])?"
         )
         try:
             if _prompt(Confirm.ask, question, console=err):
-                await rt.approve(args.url, action.tool_call_id, identity=identity_of(args))
+                await rt.approve(args.url, action.tool_call_id, identity=identity)
             else:
                 reason = _prompt(
                     Prompt.ask, "reason", console=err, default="denied by the operator"
                 )
-                await rt.deny(args.url, action.tool_call_id, reason, identity=identity_of(args))
+                await rt.deny(args.url, action.tool_call_id, reason, identity=identity)
         except ActionNotPendingError:
             err.print(f"[dim]{action.tool_call_id} was answered meanwhile[/]")
         answered = True

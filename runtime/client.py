@@ -239,11 +239,16 @@ class Runtime(PendingActions, RecurringSchedules):
         client_data: Any = None,
         sender: str | None = None,
         client_tools: list[dict[str, Any]] | None = None,
+        expect_owner: str = "",
     ) -> str:
         """Append a message to the entity's log (creating the entity) and wake it.
 
-        Returns the event id. The same ``idempotency_key`` twice returns the first
-        event's id and appends nothing.
+        Returns the event id. The same ``idempotency_key`` twice from the same
+        ``identity`` returns the first event's id and appends nothing (keys are
+        kept per identity: another identity's key is a new key). An entity this
+        creates is owned by ``identity``. ``expect_owner`` (the gateway's: the
+        :func:`~wakeful.keys.owner_mark` its authoriser saw) makes the send write
+        nothing and raise :class:`OwnerChangedError` if the owner is another now.
         """
         parsed = parse_url(url)
         await self._check_type(parsed.type)
@@ -267,6 +272,9 @@ class Runtime(PendingActions, RecurringSchedules):
             events=[("i", message)],
             args=pack(None),
             idempotency_key=idempotency_key,
+            idempotency_identity=identity,
+            owner=identity,
+            expect_owner=expect_owner,
         )
         return result.id
 
@@ -281,6 +289,7 @@ class Runtime(PendingActions, RecurringSchedules):
         idempotency_key: str | None = None,
         identity: dict[str, str] | None = None,
         client_data: Any = None,
+        expect_owner: str = "",
     ) -> str:
         """Create an entity with ``args`` (get-or-create) and optionally send it a message.
 
@@ -288,7 +297,8 @@ class Runtime(PendingActions, RecurringSchedules):
         to it (use ``idempotency_key`` to make a retried call send it once); with
         different args it raises :class:`ArgsConflictError` and sends nothing.
         ``identity`` (trusted) and ``client_data`` (untrusted) travel with the
-        initial message, as with :meth:`send`.
+        initial message, as with :meth:`send`; an entity this creates is owned by
+        ``identity``, and ``expect_owner`` is checked as by :meth:`send`.
         """
         url = entity_url(type_name, entity_id)
         await self._check_type(type_name)
@@ -321,6 +331,9 @@ class Runtime(PendingActions, RecurringSchedules):
             parent=parent or "",
             mode="create",
             idempotency_key=idempotency_key,
+            idempotency_identity=identity,
+            owner=identity,
+            expect_owner=expect_owner,
         )
         return url
 
@@ -431,6 +444,17 @@ class Runtime(PendingActions, RecurringSchedules):
         if meta is None:
             raise EntityNotFoundError(url)
         return meta
+
+    async def ownership(self, url: str) -> tuple[bool, dict[str, str] | None]:
+        """Whether the entity exists, and the identity that owns it (None: none
+        recorded), in one read of its metadata (for authorisers)."""
+        parse_url(url)
+        [found] = await self._store.ownerships([url])
+        return found
+
+    async def ownerships(self, urls: list[str]) -> list[tuple[bool, dict[str, str] | None]]:
+        """:meth:`ownership` of many entities, in one round trip."""
+        return await self._store.ownerships(urls)
 
     async def status(self, url: str, *, runs: bool = False) -> EntityStatus:
         """Where the entity stands; with ``runs`` also its current and last finished

@@ -284,7 +284,8 @@ class HandlerContext:
     ) -> None:
         """Send a message to another entity (or to itself). It leaves at the next commit
         point. With ``after`` (seconds, a timedelta or an aware datetime) it is a
-        durable timer: it fires once, even if every worker restarts meanwhile."""
+        durable timer: it fires once, even if every worker restarts meanwhile. The
+        message carries the identity this wake acts for (its run's)."""
         target = parse_url(url)
         await self._check_type(target.type)
         act = self._activation
@@ -296,6 +297,7 @@ class HandlerContext:
                 payload=msgspec.to_builtins(payload),
                 has_payload=True,
                 due_ms=_due_ms(after) if after is not None else 0,
+                identity=act.identity,
             )
         )
 
@@ -317,7 +319,8 @@ class HandlerContext:
         Spawning an existing child with the same args returns its handle; with
         other args it raises :class:`ArgsConflictError`. ``on_parent_close``
         says whether the child is cancelled when this entity is cancelled or
-        deleted.
+        deleted. The child, and its initial message, get the identity this wake
+        acts for (its run's): the child's runs belong to it.
         """
         url = entity_url(type_name, entity_id)
         child_type = await self._check_type(type_name)
@@ -353,6 +356,7 @@ class HandlerContext:
                 subscribe=wake,
                 on_parent_close=on_parent_close,
                 tags=tags,
+                identity=act.identity,
             )
         )
         return EntityHandle(self, url)

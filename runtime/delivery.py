@@ -156,7 +156,14 @@ class Delivery:
         elif effect.notice is not None:  # notify, cancel
             events.append((INPUT, encode_event(effect.notice, limit=RUNTIME_EVENT_MAX_BYTES)))
         if effect.has_payload:
-            message = Message(payload=effect.payload, sender=sender, idempotency_key=effect.key)
+            # On behalf of the run that sent it: the target's run (a spawned child's
+            # first run) belongs to that identity, and so does a child it creates.
+            message = Message(
+                payload=effect.payload,
+                sender=sender,
+                identity=effect.identity,
+                idempotency_key=effect.key,
+            )
             events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
         await self.store.append_input(
             effect.target,
@@ -167,5 +174,6 @@ class Delivery:
             parent=parent,
             mode=mode,
             idempotency_key=effect.key,
+            owner=effect.identity,
         )
         self._fault(f"deliver:after-{effect.kind}")

@@ -14,7 +14,7 @@ from redis.asyncio.client import Pipeline
 from redis.typing import KeyT, StreamIdT
 
 from .connection import block_ms as block_ms_for
-from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
+from .replies import EntityMeta, Entry, as_str, parse_identity, parse_meta, stream_entries
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
 
@@ -110,6 +110,21 @@ class EntityReads(ScriptRunner):
     async def entity_meta(self, url: str) -> EntityMeta | None:
         """The parsed metadata (None if there is no such entity)."""
         return parse_meta(await self.meta(url))
+
+    async def ownerships(self, urls: list[str]) -> list[tuple[bool, dict[str, str] | None]]:
+        """For each entity: whether it exists, and its owner (None: none recorded, or
+        a field that is not an identity), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for url in urls:
+            pipe.hmget(self.keys.meta(url), ["created", "owner"])
+        out: list[tuple[bool, dict[str, str] | None]] = []
+        for created, owner in await pipe.execute():
+            try:
+                identity = parse_identity(owner) if owner else None
+            except ValueError:
+                identity = None
+            out.append((created is not None, identity))
+        return out
 
     async def snapshot(self, url: str) -> bytes | None:
         return cast("bytes | None", await self.redis.get(self.keys.snap(url)))

@@ -24,6 +24,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- MissingKeyError (LookupError)
     |   +-- EntityNotFoundError (LookupError)
     |   +-- ArgsConflictError (ValueError)
+    |   +-- OwnerChangedError                 the owner an authoriser saw changed: nothing written
     |   +-- InvalidArgsError (ValueError)
     |   +-- FencedError
     |   +-- ConfigError (ValueError)
@@ -176,6 +177,17 @@ class ArgsConflictError(WakefulError, ValueError):
     def __init__(self, url: str) -> None:
         self.url = url
         super().__init__(f"entity {url} already exists with different args")
+
+
+class OwnerChangedError(WakefulError):
+    """A write that expected the entity's owner to be what an authoriser saw found
+    another (the entity was created, deleted or re-created meanwhile): nothing was
+    written, and the caller decides again with ``seen``."""
+
+    def __init__(self, url: str, seen: str) -> None:
+        self.url = url
+        self.seen = seen  # the owner now: "!" missing, "~" none, "=<identity JSON>"
+        super().__init__(f"the owner of {url} changed while the request was checked")
 
 
 class InvalidArgsError(WakefulError, ValueError):

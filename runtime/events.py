@@ -11,7 +11,8 @@ Events are either *inputs* (they wake the entity: ``created``, ``msg``,
 ``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``),
 *system* events folded by the runtime but not shown to handlers (``subscribed``),
 or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
-``run_started``, ``run_finished``, ``handler_error``, ``failed``, ``resumed``).
+``run_started``, ``run_finished``, ``message_held``, ``handler_error``, ``failed``,
+``resumed``).
 """
 
 from __future__ import annotations
@@ -195,7 +196,11 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
     subscribe: Subscription | None = None  # spawn, subscribe
     on_parent_close: Literal["cancel", "keep"] = "cancel"  # spawn
     tags: dict[str, str] | None = None  # spawn
-    notice: ChildRunFinished | Changed | CancelRequested | None = None  # notify, cancel
+    # notify (a held message released to its own run is a notify with the Message), cancel
+    notice: ChildRunFinished | Changed | CancelRequested | Message | None = None
+    # send, spawn: the identity of the run that made it (the message carries it, and a
+    # spawned child is owned by it)
+    identity: dict[str, str] | None = None
     due_ms: int = 0  # a durable timer: deliver at this time (epoch ms)
 
 
@@ -217,9 +222,25 @@ class TimerFired(Event, tag="timer_fired"):
 
 
 class RunStarted(Event, tag="run_started"):
+    """A run opened. It belongs to ``identity`` (the identity of the messages that
+    opened it, or the entity's owner): only its messages join it, and its pending
+    actions are answered by it. None: no identity (or a run journaled before runs
+    recorded one)."""
+
     is_output: ClassVar[bool] = True
     run_id: str
     at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
+    identity: dict[str, str] | None = None
+
+
+class MessageHeld(Event, tag="message_held"):
+    """A message of another identity than the open run's: it does not join the run,
+    it waits. When the run finishes, the message is sent to the entity again (an
+    outbox notice with the same message) and starts a run of its own."""
+
+    is_output: ClassVar[bool] = True
+    input_id: str  # the id of the held message in the log
+    message: Message
 
 
 class RunFinished(Event, tag="run_finished"):
@@ -376,6 +397,7 @@ AnyEvent = (
     | TimerFired
     | RunStarted
     | RunFinished
+    | MessageHeld
     | UserTurn
     | AssistantStep
     | ToolIntent

@@ -28,7 +28,8 @@ status code below):
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
-authoriser decides who may read or write which entity.
+authoriser (``authorization.py``) decides who may read or write which entity: by
+default, with authentication, an entity belongs to the identity that created it.
 
 Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
 404 unknown type or entity, 409 conflict (other args, action not pending),
@@ -60,6 +61,15 @@ from .actions import (
     ActionValidationError,
     ClientToolsError,
 )
+from .authorization import (
+    Access,
+    Authorizer,
+    EntityAccess,
+    allow_all,
+    check,
+    owner_only,
+    readable,
+)
 from .client import Runtime
 from .errors import (
     ArgsConflictError,
@@ -69,6 +79,7 @@ from .errors import (
     InvalidPayloadError,
     InvalidScheduleError,
     InvalidUrlError,
+    OwnerChangedError,
     PayloadTooLargeError,
     UnknownEntityTypeError,
     WakefulError,
@@ -84,7 +95,6 @@ log = logging.getLogger("wakeful.gateway")
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
-Authorize = Callable[[Identity | None, str, str], bool]  # (identity, url, "read" | "write")
 
 
 class HTTPError(Exception):
@@ -107,6 +117,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidEventError, 400),  # a field of the wrong type (nothing was written)
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
+    (OwnerChangedError, 409),  # the owner kept changing while the request was checked
     (InvalidArgsError, 422),
     (InvalidScheduleError, 422),
     (WakefulError, 400),
@@ -122,10 +133,6 @@ def bearer_tokens(tokens: dict[str, Identity]) -> Authenticate:
         return tokens.get(token) if scheme.lower() == "bearer" else None
 
     return authenticate
-
-
-def allow_all(identity: Identity | None, url: str, access: str) -> bool:
-    return True
 
 
 def error_response(exc: Exception) -> JSONResponse:
@@ -187,12 +194,17 @@ def create_app(
     runtime: Runtime,
     *,
     authenticate: Authenticate | None = None,
-    authorize: Authorize = allow_all,
+    authorize: Authorizer | None = None,
     max_body_bytes: int = 1024 * 1024,
     max_streams: int | None = None,
     max_streams_per_identity: int | None = None,
 ) -> Starlette:
     """An ASGI app serving ``runtime``. Without ``authenticate`` every caller is anonymous.
+
+    ``authorize`` decides who may read and write which entity (``authorization.py``);
+    the default is :func:`~wakeful.authorization.owner_only` with ``authenticate``
+    (an entity belongs to the identity that created it) and
+    :func:`~wakeful.authorization.allow_all` without.
 
     Open event streams are capped at ``max_streams`` in total and
     ``max_streams_per_identity`` per identity (an anonymous caller: per client
@@ -201,6 +213,7 @@ def create_app(
     and ``Retry-After``.
     """
     settings = runtime.settings
+    policy = authorize or (owner_only if authenticate is not None else allow_all)
     slots = StreamSlots(
         max_streams if max_streams is not None else settings.max_event_streams,
         max_streams_per_identity
@@ -244,12 +257,36 @@ def create_app(
             raise HTTPError(400, "MalformedJSON", "request body must be a JSON object")
         return data
 
-    async def entity(request: Request, access: str) -> tuple[str, Identity | None]:
+    async def entity(request: Request, access: Access) -> tuple[str, Identity | None]:
+        url, identity, _ = await entity_access(request, access)
+        return url, identity
+
+    async def entity_access(
+        request: Request, access: Access
+    ) -> tuple[str, Identity | None, EntityAccess]:
         identity = await caller(request)
         url = entity_url(request.path_params["type"], request.path_params["id"])
-        if not authorize(identity, url, access):
+        allowed = await check(policy, runtime, identity, url, access)
+        if allowed is None:
             raise HTTPError(403, "Forbidden", f"not allowed to {access} {url}")
-        return url, identity
+        if access == "read" and not allowed.exists:
+            raise EntityNotFoundError(url)  # created meanwhile, it would not be checked
+        return url, identity, allowed
+
+    async def owned_write(
+        request: Request,
+        decided: tuple[str, Identity | None, EntityAccess],
+        write: Callable[[Identity | None, str], Awaitable[Any]],
+    ) -> Any:
+        """A write that carries the owner the authoriser saw: if it changed before the
+        write (nothing is written then), decide again (a few times)."""
+        url, identity, allowed = decided
+        for _ in range(3):
+            try:
+                return await write(identity, allowed.mark)
+            except OwnerChangedError:
+                url, identity, allowed = await entity_access(request, "write")
+        raise OwnerChangedError(url, allowed.mark)
 
     def endpoint(
         handler: Callable[[Request], Awaitable[Response]],
@@ -295,32 +332,43 @@ def create_app(
 
     @endpoint
     async def create(request: Request) -> Response:
-        url, identity = await entity(request, "write")
+        decided = await entity_access(request, "write")
         data = await body(request)
-        await runtime.create(
-            request.path_params["type"],
-            request.path_params["id"],
-            data.get("args"),
-            initial_message=data.get("message"),
-            idempotency_key=request.headers.get("idempotency-key"),
-            identity=identity,
-            client_data=data.get("client_data"),
+        await owned_write(
+            request,
+            decided,
+            lambda identity, mark: runtime.create(
+                request.path_params["type"],
+                request.path_params["id"],
+                data.get("args"),
+                initial_message=data.get("message"),
+                idempotency_key=request.headers.get("idempotency-key"),
+                identity=identity,
+                client_data=data.get("client_data"),
+                expect_owner=mark,
+            ),
         )
-        return JSONResponse({"url": url}, status_code=201)
+        return JSONResponse({"url": decided[0]}, status_code=201)
 
     @endpoint
     async def send(request: Request) -> Response:
-        url, identity = await entity(request, "write")
+        decided = await entity_access(request, "write")
+        url = decided[0]
         data = await body(request)
         if "payload" not in data:
             raise HTTPError(400, "MissingField", "the body needs a 'payload'")
-        event_id = await runtime.send(
-            url,
-            data["payload"],
-            idempotency_key=request.headers.get("idempotency-key"),
-            identity=identity,
-            client_data=data.get("client_data"),
-            client_tools=data.get("client_tools"),
+        event_id = await owned_write(
+            request,
+            decided,
+            lambda identity, mark: runtime.send(
+                url,
+                data["payload"],
+                idempotency_key=request.headers.get("idempotency-key"),
+                identity=identity,
+                client_data=data.get("client_data"),
+                client_tools=data.get("client_tools"),
+                expect_owner=mark,
+            ),
         )
         return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
 
@@ -348,13 +396,8 @@ def create_app(
             raise HTTPError(400, "BadQuery", "limit must be a whole number") from None
         if not 1 <= limit <= LIST_LIMIT:
             raise HTTPError(400, "BadQuery", f"limit must be between 1 and {LIST_LIMIT}")
-        readable = []
-        for url in await runtime.list(request.path_params["type"]):
-            if url > after and authorize(identity, url, "read"):
-                readable.append(url)
-                if len(readable) == limit:
-                    break
-        return JSONResponse(readable)
+        urls = [url for url in await runtime.list(request.path_params["type"]) if url > after]
+        return JSONResponse(await readable(policy, runtime, identity, urls, limit))
 
     @endpoint
     async def children(request: Request) -> Response:

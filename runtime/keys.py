@@ -15,7 +15,12 @@ key                                         what
                                             settled (hash)
 ``<prefix>:{pN}:live:<url>``                live output: text deltas, tool progress
                                             (capped stream)
-``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL)
+``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL):
+                                            of callers without an identity, and of
+                                            entities' deliveries
+``<prefix>:{pN}:idem@<digest>:<url>:<key>``  the same, of the caller whose identity's
+                                            digest is ``<digest>`` (keys of two
+                                            identities never meet)
 ``<prefix>:{pN}:inbox``                     wake pointers of the partition (stream +
                                             consumer group ``workers``)
 ``<prefix>:{pN}:lease`` / ``:epoch``        partition lease ``<worker>:<epoch>`` (TTL)
@@ -41,10 +46,26 @@ key                                         what
 
 from __future__ import annotations
 
+import hashlib
+import json
 import zlib
 
 GROUP = "workers"
 """The consumer group of every partition inbox."""
+
+
+def identity_text(identity: dict[str, str]) -> str:
+    """An identity as the text stored in metadata (``owner``) and digested into keys:
+    compact JSON with sorted keys, so one identity always gives the same text."""
+    return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def owner_mark(owner: dict[str, str] | None, *, exists: bool) -> str:
+    """Who owns an entity, as the SEND script compares it (``expect``): ``!`` no such
+    entity, ``~`` one without an owner, ``=<identity text>`` one owned by it."""
+    if not exists:
+        return "!"
+    return "~" if owner is None else "=" + identity_text(owner)
 
 
 class Keyspace:
@@ -81,8 +102,13 @@ class Keyspace:
     def snap(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:snap:{url}"
 
-    def idem(self, url: str, key: str) -> str:
-        return f"{self.tag(self.partition(url))}:idem:{url}:{key}"
+    def idem(self, url: str, key: str, identity: dict[str, str] | None = None) -> str:
+        """Where an idempotency key is kept: per caller identity, so that one caller
+        using another's key neither finds the other's event nor drops its own."""
+        if identity is None:
+            return f"{self.tag(self.partition(url))}:idem:{url}:{key}"
+        digest = hashlib.sha256(identity_text(identity).encode()).hexdigest()[:32]
+        return f"{self.tag(self.partition(url))}:idem@{digest}:{url}:{key}"
 
     def inbox(self, partition: int) -> str:
         return f"{self.tag(partition)}:inbox"

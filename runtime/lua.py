@@ -57,8 +57,12 @@ end
 # mode: 'send' creates the entity if missing; 'create' is get-or-create with args
 #       (an existing entity with other args is a conflict; with the same args it
 #       gets the events, like 'send'); 'existing' never creates.
+# expect: the owner the caller's authoriser saw, checked here so that the decision
+#       and the write are atomic ('' = no check; '!' the entity was missing, '~' it had
+#       no owner, '=' .. owner); another owner now -> {-3, seen, ''}.
 # -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
 #    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
+#    | {-3, seen, ''} the owner is not what the caller expected (nothing written)
 SEND = (
     _ENSURE_POINTER
     + """
@@ -74,13 +78,23 @@ local mode = ARGV[4]         -- 'send' | 'create' | 'existing' (see above)
 local args = ARGV[5]         -- packed creation args
 local created = ARGV[6]      -- the Created event, appended if the entity is new
 local parent = ARGV[7]       -- parent url ('' = none)
-local n = tonumber(ARGV[8])  -- then n pairs (flag, event): flag 'i' input (moves last_in)
-local first_pair = 9
+local owner = ARGV[8]        -- the identity (JSON) that owns the entity if this creates it
+local expect = ARGV[9]       -- the owner the caller expects (see above)
+local n = tonumber(ARGV[10]) -- then n pairs (flag, event): flag 'i' input (moves last_in)
+local first_pair = 11
 if idem_ttl ~= '' then
   local prior = redis.call('GET', idem)
   if prior then return {0, prior, redis.call('HGET', meta, 'created') or ''} end
 end
 local created_id = redis.call('HGET', meta, 'created')
+if expect ~= '' then
+  local seen = '!'
+  if created_id then
+    local has = redis.call('HGET', meta, 'owner')
+    seen = has and ('=' .. has) or '~'
+  end
+  if seen ~= expect then return {-3, seen, ''} end
+end
 if created_id then
   if mode == 'create' and redis.call('HGET', meta, 'args') ~= args then
     return {-1, 'args', created_id}
@@ -92,6 +106,7 @@ else
   redis.call('PERSIST', log)  -- the emptied log of a deleted incarnation had a TTL
   redis.call('HSET', meta, 'type', etype, 'status', 'active', 'cursor', '0-0',
              'args', args, 'parent', parent, 'created', created_id, 'last_in', created_id)
+  if owner ~= '' then redis.call('HSET', meta, 'owner', owner) end
   redis.call('SADD', typeset, url)
 end
 local id = created_id

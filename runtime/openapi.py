@@ -130,6 +130,7 @@ OPENAPI: dict[str, Any] = {
                 401,
                 403,
                 404,
+                409,  # the entity's owner kept changing while the request was checked
                 413,
                 422,
                 body={

@@ -35,11 +35,12 @@ from .errors import (
     UnreadableHistoryError,
     WakeInterrupted,
 )
-from .events import CancelRequested, DeleteRequested, LogRecord, unpack
+from .events import CancelRequested, DeleteRequested, LogRecord, Message, MessageHeld, unpack
 from .failures import Parking, first_unit
 from .fold import Rebuilt, check_skipped, initial_state, rebuild
 from .live import LivePublisher
 from .registry import EntityType, Registry
+from .run_owner import split_inputs
 from .scope import CURRENT_TOOL_CALL
 from .services import HandlerServices
 from .state import Database, EntityState
@@ -202,9 +203,18 @@ class WakePipeline:
             # A retry after a failure takes one input: the one that fails is isolated,
             # and only it is parked with (and dead-lettered by ``resume --skip-failed``).
             wake.inputs, wake.remember = first_unit(wake.inputs), False
+        # A run belongs to the identity that started it: messages of another identity
+        # wait for it to finish (held), and one wake's messages share one identity.
+        split = split_inputs(wake.state.system, wake.inputs, wake.meta.owner)
+        if split.held:
+            await self._hold(wake, split.held)
+            return
+        if len(split.taken) < len(wake.inputs):
+            wake.inputs, wake.remember = split.taken, False  # folded past the rest
         ticket, meta, state, inputs = wake.ticket, wake.meta, wake.state, wake.inputs
-        open_run = state.system.run
-        act = self._activation(ticket, state, wake.entity_type, inputs)
+        system = state.system
+        open_run, open_identity, held = system.run, system.run_identity, dict(system.held)
+        act = self._activation(ticket, state, wake.entity_type, inputs, split.identity)
         cancel = next(
             (r.event for r in reversed(inputs) if isinstance(r.event, CancelRequested)), None
         )
@@ -235,7 +245,7 @@ class WakePipeline:
             return
         except Exception as exc:
             self.cache.forget(ticket.url)  # the state holds writes that never committed
-            state.system.run = open_run
+            system.run, system.run_identity, system.held = open_run, open_identity, held
             await self.parking.handler_failed(ticket, inputs, attempts, exc, act)
             return
         except BaseExceptionGroup as group:  # a handler's own task group was interrupted
@@ -253,6 +263,23 @@ class WakePipeline:
         covered = marked is None or not id_gt(marked, max_id([r.id for r in wake.inputs]))
         await self._commit(
             wake, batch, handled_partial=(bool(partial) or flush.flushed) and covered
+        )
+
+    async def _hold(self, wake: Wake, held: list[LogRecord]) -> None:
+        """Messages of another identity than the open run's: journal them as held and
+        move the cursor past them, in one commit (the run releases them when it
+        finishes); the handler does not run."""
+        act = self._activation(wake.ticket, wake.state, wake.entity_type, held)
+        for record in held:
+            assert isinstance(record.event, Message)
+            act.record(MessageHeld(input_id=record.id, message=record.event))
+        # Not cached if the state was folded past inputs after them.
+        wake.remember = wake.remember and len(held) == len(wake.inputs)
+        wake.inputs = held
+        resumed_upto = _attempted_upto(wake.meta.partial, held[0].id)
+        covered = resumed_upto is None or not id_gt(resumed_upto, held[-1].id)
+        await self._commit(
+            wake, act.take_commit(), handled_partial=bool(wake.meta.partial) and covered
         )
 
     def _context(
@@ -348,6 +375,7 @@ class WakePipeline:
         state: EntityState,
         entity_type: EntityType,
         inputs: list[LogRecord],
+        identity: dict[str, str] | None = None,
     ) -> Activation:
         return Activation(
             url=ticket.url,
@@ -356,6 +384,7 @@ class WakePipeline:
             db=Database(state, entity_type.state),
             inputs=inputs,
             max_event_bytes=self.settings.max_event_bytes,
+            identity=identity,
         )
 
 

@@ -65,6 +65,7 @@ class EntityMeta(msgspec.Struct, frozen=True):
     timers: int  # pending timers
     pending_actions: int  # field "actions": tool calls waiting for an answer
     has_pointer: bool  # field "woke": a wake pointer is pending in the inbox
+    owner: dict[str, str] | None = None  # the identity that created it (None: none recorded)
     corrupt: str = ""  # fields that could not be read (taken as 0 or replaced), if any
     corrupt_fields: tuple[str, ...] = ()  # their names
 
@@ -106,6 +107,14 @@ class EntityMeta(msgspec.Struct, frozen=True):
         }
 
 
+_identity_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+def parse_identity(raw: bytes) -> dict[str, str]:
+    """The ``owner`` field: an identity as JSON text (``keys.identity_text``)."""
+    return _identity_decoder.decode(raw)
+
+
 def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
     """The metadata hash as :class:`EntityMeta`; None if it is empty (no such entity).
 
@@ -140,6 +149,7 @@ def _parse_meta(fields: dict[str, bytes]) -> EntityMeta:
         timers=int(get("timers") or 0),
         pending_actions=int(get("actions") or 0),
         has_pointer=bool(get("woke")),
+        owner=parse_identity(owner) if (owner := get("owner")) else None,
     )
 
 
@@ -164,6 +174,14 @@ def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
             problems[name] = f"field {name!r} is {raw!r}, not a number"
             return 0
 
+    def owner() -> dict[str, str] | None:
+        raw = fields.get("owner")
+        try:
+            return parse_identity(raw) if raw else None
+        except ValueError:
+            problems["owner"] = f"field 'owner' is {raw!r}, not an identity"
+            return None
+
     return EntityMeta(
         type=text("type"),
         status=text("status"),
@@ -183,6 +201,7 @@ def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
         timers=number("timers"),
         pending_actions=number("actions"),
         has_pointer=bool(fields.get("woke")),
+        owner=owner(),
         corrupt="; ".join(problems.values()),
         corrupt_fields=tuple(problems),
     )

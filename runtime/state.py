@@ -35,6 +35,8 @@ from .events import (
     AssistantStep,
     ChildRunFinished,
     HistoryEvent,
+    Message,
+    MessageHeld,
     Op,
     Outbox,
     RunFinished,
@@ -103,6 +105,9 @@ class SystemState(msgspec.Struct, kw_only=True):
     children: dict[str, ChildInfo] = {}
     run: str | None = None  # the open run
     run_started_ms: int = 0  # when the open run started
+    run_identity: dict[str, str] | None = None  # whom the open run belongs to
+    # Messages of other identities waiting for the open run to finish, by input id.
+    held: dict[str, Message] = {}
     last_run: RunFinished | None = None  # the end of the last finished run
     history: list[HistoryEvent] = []  # the agent conversation, in journal order
     actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
@@ -151,8 +156,13 @@ class SystemState(msgspec.Struct, kw_only=True):
         elif isinstance(event, RunStarted):
             self.run = event.run_id
             self.run_started_ms = event.at_ms
+            self.run_identity = event.identity
+        elif isinstance(event, MessageHeld):
+            self.held[event.input_id] = event.message
         elif isinstance(event, RunFinished) and self.run == event.run_id:
             self.run = None
+            self.run_identity = None
+            self.held = {}  # released by the same commit (Activation.finish_run)
             self.last_run = msgspec.structs.replace(event, response=None)  # small snapshots
             # Calls of the run that still wait for an answer end with it.
             for call_id in [k for k, a in self.actions.items() if a.run_id == event.run_id]:

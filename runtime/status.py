@@ -56,6 +56,7 @@ class EntityStatus:
     timers: int = 0
     undelivered: bool = False
     pending_actions: int = 0  # tool calls waiting for a client's output or an approval
+    owner: dict[str, str] | None = None  # the identity that created it (None: none recorded)
     run: RunInfo | None = None
     last_run: RunInfo | None = None
 
@@ -111,6 +112,7 @@ def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
         timers=timers,
         undelivered=undelivered,
         pending_actions=meta.pending_actions,
+        owner=meta.owner,
     )
 
 

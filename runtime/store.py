@@ -26,8 +26,15 @@ from redis.typing import KeyT, StreamIdT
 from .acl import Refusals, missing_right
 from .connection import block_ms as block_ms_for
 from .entity_reads import EntityReads, Loaded, StreamBatch
-from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
-from .keys import GROUP, Keyspace
+from .errors import (
+    ArgsConflictError,
+    ConfigError,
+    EntityGoneError,
+    FencedError,
+    OwnerChangedError,
+    TargetMissingError,
+)
+from .keys import GROUP, Keyspace, identity_text
 from .replies import EntityMeta, Entry, as_str, stream_entries
 from .schedule_store import ScheduleStore
 from .script_runner import (
@@ -242,6 +249,9 @@ class Store(EntityReads, ScheduleStore):
         parent: str = "",
         mode: str = "send",
         idempotency_key: str | None = None,
+        idempotency_identity: dict[str, str] | None = None,
+        owner: dict[str, str] | None = None,
+        expect_owner: str = "",
     ) -> SendResult:
         """Append events to an entity's log and a wake pointer to its inbox, atomically.
 
@@ -249,10 +259,14 @@ class Store(EntityReads, ScheduleStore):
         ``mode`` is ``send`` (create the entity if missing), ``create``
         (get-or-create with ``args``; raises :class:`ArgsConflictError`) or
         ``existing`` (raises :class:`TargetMissingError` if missing).
+        ``idempotency_key`` is kept per ``idempotency_identity`` (the caller's).
+        ``owner`` is recorded if this creates the entity. ``expect_owner`` (see
+        :func:`~wakeful.keys.owner_mark`; ``""`` = no check) must be the entity's owner now, or
+        nothing is written and :class:`OwnerChangedError` is raised.
         """
         k = self.keys
         p = k.partition(url)
-        idem_key = k.idem(url, idempotency_key) if idempotency_key else k.idem(url, "-")
+        idem_key = k.idem(url, idempotency_key or "-", idempotency_identity)
         reply = await self._run(
             SEND,
             [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)],
@@ -264,6 +278,8 @@ class Store(EntityReads, ScheduleStore):
                 args,
                 created,
                 parent,
+                identity_text(owner) if owner is not None else "",
+                expect_owner,
                 len(events),
                 *(x for pair in events for x in pair),
             ],
@@ -273,6 +289,8 @@ class Store(EntityReads, ScheduleStore):
             raise ArgsConflictError(url)
         if code == -2:
             raise TargetMissingError(url)
+        if code == -3:
+            raise OwnerChangedError(url, event_id)
         return SendResult(event_id, created_id, code == 1)
 
     async def publish_cancel(self, url: str, reason: str) -> None:

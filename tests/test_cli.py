@@ -405,6 +405,28 @@ async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix
     assert (await worker.state("/assistant/i1"))["kv"] == []
 
 
+async def test_ask_prompts_for_no_call_of_another_identitys_run(worker, server_url, prefix):
+    """bob's message waits for alice's suspended run: his `ask` does not offer him her
+    call to approve, and ends as suspended."""
+    alice = {"user": "alice"}
+    await worker.ask("/assistant/i3", "remember that my city is Lyon", identity=alice)
+    await worker.send("/assistant/i3", "forget my city", identity=alice)
+    assert (await worker.wait_idle("/assistant/i3")).status == "suspended"
+    env = cli_env(prefix, TERM="xterm")
+    command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i3", "forget my city"]
+    code, output = await asyncio.to_thread(
+        _interact,
+        [*command, "--identity", "user=bob", "--redis", server_url],
+        env,
+        ")?",
+        "y\n",
+    )
+    assert code == 4, output
+    assert "[answered: False]" in output
+    [action] = await worker.pending_actions("/assistant/i3")
+    assert action.authorized == alice
+
+
 async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefix):
     import signal
 

@@ -29,6 +29,7 @@ import uvicorn
 from tests.apps import quiet
 from tests.apps.harness import free_port, until
 from wakeful import ConfigError, Registry, Runtime, Settings
+from wakeful.authorization import allow_all
 from wakeful.gateway import bearer_tokens, create_app
 
 pytestmark = pytest.mark.anyio
@@ -495,7 +496,8 @@ async def test_event_streams_are_capped_and_the_worker_keeps_its_leases(server_u
     rt = Runtime(quiet.registry, settings=settings(server_url, prefix, **caps), run_worker=True)
     async with rt:
         await rt.ask("/echo/watched", "first")
-        app = create_app(rt, authenticate=bearer_tokens(tokens))
+        # Both watch one entity: every caller may read every entity here.
+        app = create_app(rt, authenticate=bearer_tokens(tokens), authorize=allow_all)
         path = "/entities/echo/watched/events?live=1"
         async with (
             serving(app) as base,

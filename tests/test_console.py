@@ -238,8 +238,8 @@ async def test_a_reader_can_look_but_not_write(cluster):
     """The console opens an entity its user may only read, and creates nothing."""
     from wakeful.gateway import bearer_tokens
 
-    def readers_read(identity: Any, url: str, access: str) -> bool:
-        return access == "read" or (identity or {}).get("user") == "owner"
+    def readers_read(request: Any) -> bool:
+        return request.access == "read" or (request.identity or {}).get("user") == "owner"
 
     rt = await cluster.runtime(registry)
     await rt.ask("/assistant/ro", "remember that my color is teal")

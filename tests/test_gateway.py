@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from wakeful import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
+from wakeful.authorization import EntityAccess
 from wakeful.gateway import bearer_tokens, create_app
 from wakeful.models import ModelResponse
 
@@ -64,10 +65,10 @@ def app_registry() -> Registry:
     return reg
 
 
-def only_own(identity: dict[str, str] | None, url: str, access: str) -> bool:
+def only_own(request: EntityAccess) -> bool:
     """Entities named after a user belong to that user; others are open."""
-    owner = url.rsplit("/", 1)[-1]
-    return owner not in ("alice", "bob") or (identity or {}).get("user") == owner
+    owner = request.url.rsplit("/", 1)[-1]
+    return owner not in ("alice", "bob") or (request.identity or {}).get("user") == owner
 
 
 async def client_for(cluster: Any) -> tuple[httpx.AsyncClient, Any]:

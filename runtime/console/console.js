@@ -388,6 +388,11 @@ function onDurable(kind, event) {
         addNote(`run ${event.status}${event.error ? `: ${event.error}` : ""}`, true);
       }
       break;
+    case "message_held": {
+      const who = event.message.identity ? ` from ${event.message.identity.user || show(event.message.identity)}` : "";
+      addNote(`a message${who} waits for the open run of another identity to finish`);
+      break;
+    }
     case "cancel":
       addNote(`cancel requested: ${event.reason}`);
       break;
