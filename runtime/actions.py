@@ -42,7 +42,8 @@ from .errors import (
     ActionValidationError,
     ClientToolsError,
 )
-from .events import ActionRequested, ActionSettled, json_builtins
+from .events import ActionRequested, ActionSettled
+from .json_values import json_builtins
 
 Authorizer = Callable[[ActionRequested, dict[str, str] | None], bool]
 

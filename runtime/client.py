@@ -50,12 +50,12 @@ from .events import (
     UndecodableRecord,
     decode_entry,
     encode_event,
-    json_builtins,
     pack,
 )
 from .fold import check_skipped, initial_state, rebuild
 from .following import follow_entity, until_idle
 from .history import project
+from .json_values import json_builtins
 from .keys import Keyspace
 from .live import LiveRecord
 from .notices import Notices

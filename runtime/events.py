@@ -16,13 +16,13 @@ or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, ClassVar, Literal
 
 import msgspec
 
 from .errors import EventDecodeError, InvalidEventError, InvalidPayloadError, PayloadTooLargeError
+from .json_values import MAX_JSON_DEPTH, check_json_value, may_be_loose
 
 # The default of Settings.max_event_bytes (config.py imports it: events sit below config).
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
@@ -400,97 +400,10 @@ def encode_event(
         _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _invalid(event, what, str(exc)) from None
-    if from_client and _may_be_loose(data):
+    if from_client and may_be_loose(data):
         # The event's own map is one level: its fields may nest MAX_JSON_DEPTH more.
         check_json_value(msgspec.msgpack.decode(data), what, max_depth=MAX_JSON_DEPTH + 1)
     return data
-
-
-# -- what JSON can carry -------------------------------------------------------------
-
-MAX_JSON_DEPTH = 64
-"""How deeply lists and maps from outside may nest (HTTP bodies, the client API's
-values). Deeper values cannot be read back by every reader (recursive
-consumers such as the JSON encoder have a stack limit), so they are refused."""
-
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what msgpack, and so the log, can hold
-
-# msgpack bytes that start a map or an array (fixmap, fixarray, array16/32, map16/32),
-# and the float markers: a value without enough of them needs no walk.
-_CONTAINER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
-_NOT_CONTAINER = bytes(b for b in range(256) if b not in _CONTAINER_BYTES)
-
-
-def _may_be_loose(data: bytes) -> bool:
-    """A cheap screen of msgpack bytes: False only if no float and little nesting."""
-    if b"\xca" in data or b"\xcb" in data:
-        return True
-    return len(data.translate(None, _NOT_CONTAINER)) > MAX_JSON_DEPTH
-
-
-def json_builtins(value: Any, what: str) -> Any:
-    """``value`` from outside as plain lists, maps and scalars, checked by
-    :func:`check_json_value` (InvalidPayloadError, never a RecursionError)."""
-    try:
-        plain = msgspec.to_builtins(value)
-    except RecursionError:
-        raise InvalidPayloadError(
-            f"{what} is nested deeper than {MAX_JSON_DEPTH} levels of lists and maps"
-        ) from None
-    except TypeError as exc:
-        raise InvalidPayloadError(f"{what} cannot be encoded: {exc}") from None
-    check_json_value(plain, what)
-    return plain
-
-
-def check_json_value(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> None:
-    """Refuse a value (of plain lists, maps and scalars) that JSON cannot carry.
-
-    NaN and the infinities are not JSON (an SSE stream carrying them is unreadable,
-    and a JSON response cannot be built); integers outside -2**63 .. 2**64-1 cannot
-    be stored; lists and maps may nest ``max_depth`` levels. Raises
-    InvalidPayloadError naming where the value breaks a rule.
-    """
-    if _json_ok(value, max_depth):
-        return
-    raise InvalidPayloadError(f"{what}: {_json_problem(value, max_depth)}")
-
-
-def _json_ok(value: Any, max_depth: int) -> bool:
-    """The fast pass: no paths kept (a refused value is walked again to name the spot)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        kind = type(node)
-        if kind is dict or kind is list:
-            if depth > max_depth:
-                return False
-            stack.extend((v, depth + 1) for v in (node.values() if kind is dict else node))
-        elif kind is float:
-            if not math.isfinite(node):
-                return False
-        elif kind is int and not _INT_MIN <= node <= _INT_MAX:
-            return False
-    return True
-
-
-def _json_problem(value: Any, max_depth: int) -> str:
-    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
-    while stack:
-        node, depth, path = stack.pop()
-        kind = type(node)
-        if kind is dict or kind is list:
-            if depth > max_depth:
-                return f"nested deeper than {max_depth} levels of lists and maps (at {path})"
-            items = node.items() if kind is dict else enumerate(node)
-            stack.extend(
-                (v, depth + 1, f"{path}.{k}" if kind is dict else f"{path}[{k}]") for k, v in items
-            )
-        elif kind is float and not math.isfinite(node):
-            return f"{node} at {path} is not JSON (NaN and Infinity are refused)"
-        elif kind is int and not _INT_MIN <= node <= _INT_MAX:
-            return f"the integer at {path} is out of range (-2**63 to 2**64-1)"
-    return "not JSON"
 
 
 _AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.DOTALL)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 
 from .errors import HTTPError, InvalidPayloadError
-from .events import MAX_JSON_DEPTH, check_json_value
+from .json_values import decode_json
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _LENGTH = re.compile(r"[0-9]{1,20}")
@@ -71,40 +70,11 @@ async def _read_limited(request: Request, max_bytes: int) -> bytes:
 
 
 def parse_json(raw: bytes, what: str) -> Any:
-    """Strict JSON: what ``json.loads`` would let through and the API could not carry
-    (``NaN``, ``Infinity``, integers past 64 bits, deep nesting) is malformed here."""
+    """Strict JSON (json_values.decode_json), a 400 naming what is wrong otherwise."""
     try:
-        data = msgspec.json.decode(raw)
-    except RecursionError:
-        raise HTTPError(
-            400, "MalformedJSON", f"{what} is nested deeper than {MAX_JSON_DEPTH} levels"
-        ) from None
-    except msgspec.ValidationError as exc:  # a number too large for any reader
-        raise HTTPError(400, "MalformedJSON", f"{what} is not valid JSON: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise HTTPError(
-            400, "MalformedJSON", f"{what} is not JSON: {_decode_error(raw, exc)}"
-        ) from None
-    try:
-        check_json_value(data, what)
+        return decode_json(raw, what)
     except InvalidPayloadError as exc:
         raise HTTPError(400, "MalformedJSON", str(exc)) from None
-    return data
-
-
-_AT_BYTE = re.compile(r"\(byte (\d+)\)")
-
-
-def _decode_error(raw: bytes, exc: msgspec.DecodeError) -> str:
-    """msgspec's message, saying so when the culprit is a JavaScript constant."""
-    match = _AT_BYTE.search(str(exc))
-    if match is not None and raw.startswith((b"NaN", b"Infinity"), int(match.group(1))):
-        return f"{exc}: NaN and Infinity are not JSON numbers"
-    try:
-        raw.decode()
-    except UnicodeDecodeError as error:
-        return f"it is not UTF-8 ({error})"
-    return str(exc)
 
 
 def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
