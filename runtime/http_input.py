@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import HTTPError, InvalidPayloadError
 from .json_values import decode_json
@@ -61,11 +61,14 @@ async def _read_limited(request: Request, max_bytes: int) -> bytes:
             )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise HTTPError(413, "BodyTooLarge", f"request body is over {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise HTTPError(413, "BodyTooLarge", f"request body is over {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody is left to answer; nothing was written
+        raise HTTPError(400, "ClientDisconnected", "the client left before its body") from None
     return b"".join(chunks)
 
 

@@ -252,6 +252,8 @@ def host_name(header: str) -> str:
     header = header.strip().lower()
     if header.startswith("["):
         return header[1:].partition("]")[0]
+    if header.count(":") > 1:  # a bare IPv6 address (no port can follow it)
+        return header
     name, _, port = header.rpartition(":")
     return name if name and port.isdigit() else header
 
