@@ -26,11 +26,12 @@ Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
 authoriser decides who may read or write which entity.
 
-Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
-404 unknown type or entity, 409 conflict (other args, action not pending),
-413 body or payload too large, 415 a body that is not sent as
-application/json, 422 a value fails its schema, 503 too many open event streams
-(with ``Retry-After``). A request that fails writes nothing.
+Status codes: 400 malformed request (input is parsed strictly: http_input.py),
+401 not authenticated, 403 not allowed, 404 unknown type or entity, 409
+conflict (other args, action not pending), 413 body or payload too large, 415 a
+body that is not sent as application/json, 421 a ``Host`` not allowed, 422 a
+value fails its schema, 503 too many open event streams (with ``Retry-After``).
+A request that fails writes nothing.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def create_app(
     A request body over ``max_body_bytes`` (default: the setting
     ``max_body_bytes``) is refused with 413 before it is read past the limit.
     With ``allowed_hosts`` a request whose ``Host`` is not one of them is refused
-    with 421 (against DNS rebinding; see http_limits.allow_hosts); without, any
+    with 421 (against DNS rebinding; see http_limits.HostAllowList); without, any
     ``Host`` is served.
 
     Open event streams are capped at ``max_streams`` in total and
