@@ -118,15 +118,17 @@ def check_answer(
 def _validate(value: Any, schema: dict[str, Any], what: str) -> None:
     plain = json_builtins(value, what)
     try:
-        _validator(schema).validate(plain)
+        validator = _validator(schema)
+    except ValueError as exc:  # not usable (a schema stored before the send-time checks)
+        raise ActionValidationError(
+            f"{what}: its schema cannot be used: {_first_line(exc)}"
+        ) from None
+    try:
+        validator.validate(plain)
     except jsonschema_rs.ValidationError as exc:
         where = "/".join(str(p) for p in exc.instance_path) or "the top level"
         raise ActionValidationError(
             f"{what} does not match its schema at {where}: {exc.message}"
-        ) from None
-    except ValueError as exc:  # not a usable schema (one stored before the checks existed)
-        raise ActionValidationError(
-            f"{what}: its schema cannot be used: {_first_line(exc)}"
         ) from None
 
 
@@ -156,27 +158,6 @@ def _validator(schema: dict[str, Any]) -> jsonschema_rs.Draft202012Validator:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-def _check_schema_tree(schema: dict[str, Any], where: str, max_depth: int) -> None:
-    """Refuse a reference that leaves the schema, and nesting deeper than ``max_depth``."""
-    stack: list[tuple[Any, int, str]] = [(schema, 1, "")]
-    while stack:
-        node, depth, path = stack.pop()
-        if depth > max_depth:
-            raise ClientToolsError(
-                f"{where} is nested deeper than {max_depth} levels (at {path or '/'})"
-            )
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in items:
-            local = isinstance(value, str) and value.startswith("#")
-            if key in ("$ref", "$dynamicRef") and isinstance(node, dict) and not local:
-                raise ClientToolsError(
-                    f"{where}: {key} {value!r} at {path or '/'} points outside the "
-                    "schema; only references within it (starting with '#') are allowed"
-                )
-            if isinstance(value, dict | list):
-                stack.append((value, depth + 1, f"{path}/{key}"))
 
 
 def answer_event(
@@ -264,12 +245,12 @@ def check_client_tools(snapshot: Any, settings: Settings | None = None) -> list[
 
 
 def _check_schema(schema: dict[str, Any], where: str, limits: Settings) -> None:
+    _check_schema_tree(schema, where, limits.max_schema_depth)
     size = _json_size(schema, where)
     if size > limits.max_schema_bytes:
         raise ClientToolsError(
             f"{where} is {size} bytes as JSON, over the limit of {limits.max_schema_bytes}"
         )
-    _check_schema_tree(schema, where, limits.max_schema_depth)
     try:
         _validator(schema)
     except ValueError as exc:
@@ -281,3 +262,24 @@ def _json_size(value: Any, what: str) -> int:
         return len(msgspec.json.encode(value))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ClientToolsError(f"{what} is not JSON: {exc}") from None
+
+
+def _check_schema_tree(schema: dict[str, Any], where: str, max_depth: int) -> None:
+    """Refuse a reference that leaves the schema, and nesting deeper than ``max_depth``."""
+    stack: list[tuple[Any, int, str]] = [(schema, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > max_depth:
+            raise ClientToolsError(
+                f"{where} is nested deeper than {max_depth} levels (at {path or '/'})"
+            )
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            local = isinstance(value, str) and value.startswith("#")
+            if key in ("$ref", "$dynamicRef") and isinstance(node, dict) and not local:
+                raise ClientToolsError(
+                    f"{where}: {key} {value!r} at {path or '/'} points outside the "
+                    "schema; only references within it (starting with '#') are allowed"
+                )
+            if isinstance(value, dict | list):
+                stack.append((value, depth + 1, f"{path}/{key}"))
