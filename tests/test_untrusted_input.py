@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +31,7 @@ from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
 SECRET = "the-secret-content-1f4e"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def registry() -> Registry:
@@ -299,3 +304,26 @@ async def test_a_handlers_nan_is_served_as_valid_json(cluster):
         stream = await http.get("/entities/gauge/g/events?follow=0")
     data = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
     assert data and all(strict(d) for d in data)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("NaN", "NaN and Infinity are not JSON"),
+        ('{"a": 1' + "0" * 30 + "}", "out of range"),
+        ("[" * 50_000 + "]" * 50_000, "nested deeper than 64"),  # argv caps one arg at 128 KiB
+    ],
+)
+def test_cli_input_is_strict_json(value, named):
+    """Parsed before any connection: a bad --input never reaches Redis (none runs here)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "wakeful.cli", "approve", "/notes/n", "c1", "--input", value],
+        cwd=ROOT,
+        env={**os.environ, "WAKEFUL_REDIS_URL": "redis://127.0.0.1:1/0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "--input" in result.stderr and named in result.stderr
+    assert "Traceback" not in result.stderr
