@@ -179,7 +179,7 @@ def test_too_many_headers_are_refused():
 
 
 def test_slow_headers_time_out():
-    with served(header_timeout_s=0.5) as port:
+    with served(header_timeout_s=1.0) as port:
         with connect(port) as conn:  # says nothing at all
             status, _, body = response(conn)
             assert status == 408 and error_of(body)["type"] == "RequestTimeout"
