@@ -17,6 +17,9 @@ saying so) for either. An answer is checked here, before anything is written:
   the tool's input schema; otherwise the answer is refused and the action stays
   pending.
 
+Client-supplied JSON Schemas are untrusted: see :func:`check_client_tools` for
+what they may contain, and :func:`_validator` for how every schema is evaluated.
+
 It is then appended by one script that settles the action at most once, so of
 two concurrent answers exactly one wins, and the entity is woken: the same run
 continues where it stopped.
@@ -29,9 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 import msgspec
 
+from .config import Settings
 from .errors import (
     ActionError,
     ActionNotAuthorizedError,
@@ -40,6 +44,7 @@ from .errors import (
     ClientToolsError,
 )
 from .events import ActionRequested, ActionSettled
+from .json_values import json_builtins
 
 Authorizer = Callable[[ActionRequested, dict[str, str] | None], bool]
 
@@ -112,13 +117,48 @@ def check_answer(
 
 
 def _validate(value: Any, schema: dict[str, Any], what: str) -> None:
+    plain = json_builtins(value, what)
     try:
-        jsonschema.validate(msgspec.to_builtins(value), schema)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        validator = _validator(schema)
+    except ValueError as exc:  # not usable (a schema stored before the send-time checks)
+        raise ActionValidationError(
+            f"{what}: its schema cannot be used: {_first_line(exc)}"
+        ) from None
+    try:
+        validator.validate(plain)
+    except jsonschema_rs.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.instance_path) or "the top level"
         raise ActionValidationError(
             f"{what} does not match its schema at {where}: {exc.message}"
         ) from None
+
+
+# -- evaluating schemas ----------------------------------------------------------------
+
+REGEX_BACKTRACK_LIMIT = 100_000
+"""Patterns run on a Rust regex engine: ordinary patterns (``^(a+)+$`` too) in linear
+time; lookarounds and backreferences by bounded backtracking, this many steps at
+most, so no pattern can hold the event loop."""
+
+
+def _no_retrieval(uri: str) -> Any:
+    raise ValueError(f"{uri} is outside the schema: only references within it resolve")
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema_rs.Draft202012Validator:
+    """A validator for ``schema`` that never reads a file or the network (every
+    ``$ref`` resolves within the schema or fails) and runs patterns in bounded time.
+    Raises ValueError (a jsonschema_rs.ValidationError) for a schema it cannot use."""
+    return jsonschema_rs.Draft202012Validator(
+        schema,
+        retriever=_no_retrieval,
+        validate_formats=False,
+        pattern_options=jsonschema_rs.FancyRegexOptions(backtrack_limit=REGEX_BACKTRACK_LIMIT),
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def answer_event(
@@ -161,15 +201,24 @@ RESERVED_NAMES = frozenset(  # the runtime tools' names (runtime_tools)
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def check_client_tools(snapshot: Any) -> list[dict[str, Any]]:
+def check_client_tools(snapshot: Any, settings: Settings | None = None) -> list[dict[str, Any]]:
     """Validate a client's tool definitions (name, description, input/output JSON Schemas).
 
-    Returns them as plain dicts. Raises ClientToolsError naming the tool and the
-    problem; nothing is sent then.
+    The schemas come from the client, so they are held to the limits of
+    ``settings``: at most ``max_client_tools`` tools, each schema at most
+    ``max_schema_bytes`` (as JSON) and ``max_schema_depth`` levels deep, and
+    every ``$ref`` local to its schema (``#...``): nothing is read from a file
+    or the network. Returns the tools as plain dicts. Raises ClientToolsError
+    naming the tool and the problem; nothing is sent then.
     """
+    limits = settings or Settings()
     if not isinstance(snapshot, list):
         raise ClientToolsError(
             f"client_tools must be a list of tool definitions, got {type(snapshot).__name__}"
+        )
+    if len(snapshot) > limits.max_client_tools:
+        raise ClientToolsError(
+            f"client_tools has {len(snapshot)} tools, over the limit of {limits.max_client_tools}"
         )
     seen: set[str] = set()
     tools = []
@@ -198,13 +247,49 @@ def check_client_tools(snapshot: Any) -> list[dict[str, Any]]:
                 continue
             if not isinstance(schema, dict):
                 raise ClientToolsError(f"{where} ({name}): {field} must be a JSON Schema object")
-            try:
-                jsonschema.Draft202012Validator.check_schema(schema)
-            except jsonschema.SchemaError as exc:
-                raise ClientToolsError(
-                    f"{where} ({name}): {field} is not a valid JSON Schema: {exc.message}"
-                ) from None
+            _check_schema(schema, f"{where} ({name}): {field}", limits)
         if raw["input_schema"].get("type") != "object":
             raise ClientToolsError(f"{where} ({name}): input_schema must have type 'object'")
         tools.append(dict(raw))
     return tools
+
+
+def _check_schema(schema: dict[str, Any], where: str, limits: Settings) -> None:
+    _check_schema_tree(schema, where, limits.max_schema_depth)
+    size = _json_size(schema, where)
+    if size > limits.max_schema_bytes:
+        raise ClientToolsError(
+            f"{where} is {size} bytes as JSON, over the limit of {limits.max_schema_bytes}"
+        )
+    try:
+        _validator(schema)
+    except ValueError as exc:
+        raise ClientToolsError(f"{where} is not a valid JSON Schema: {_first_line(exc)}") from None
+
+
+def _json_size(value: Any, what: str) -> int:
+    try:
+        return len(msgspec.json.encode(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ClientToolsError(f"{what} is not JSON: {exc}") from None
+
+
+def _check_schema_tree(schema: dict[str, Any], where: str, max_depth: int) -> None:
+    """Refuse a reference that leaves the schema, and nesting deeper than ``max_depth``."""
+    stack: list[tuple[Any, int, str]] = [(schema, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > max_depth:
+            raise ClientToolsError(
+                f"{where} is nested deeper than {max_depth} levels (at {path or '/'})"
+            )
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            local = isinstance(value, str) and value.startswith("#")
+            if key in ("$ref", "$dynamicRef") and isinstance(node, dict) and not local:
+                raise ClientToolsError(
+                    f"{where}: {key} {value!r} at {path or '/'} points outside the "
+                    "schema; only references within it (starting with '#') are allowed"
+                )
+            if isinstance(value, dict | list):
+                stack.append((value, depth + 1, f"{path}/{key}"))

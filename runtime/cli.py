@@ -51,6 +51,7 @@ from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
 from .events import LogRecord
+from .json_values import decode_json
 from .live import LiveRecord
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .registry import Registry
@@ -137,10 +138,12 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from .authorization import load_authorizer
     from .gateway import bearer_tokens, create_app
+    from .http_limits import allowed_hosts, server_config
 
     authorize = load_authorizer(args.authorizer) if args.authorizer else None
     registry = load_registry(args.app)
-    settings = _settings(args)
+    settings = _serve_settings(args)
+    hosts = allowed_hosts(args.host, args.allowed_host or ())
     if args.token:
         err.print(
             "[yellow]warning: --token shows the token to every user of this machine (ps); "
@@ -150,12 +153,16 @@ async def _serve(args: argparse.Namespace) -> int:
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
     app = create_app(
-        rt, authenticate=bearer_tokens(tokens) if tokens else None, authorize=authorize
+        rt,
+        authenticate=bearer_tokens(tokens) if tokens else None,
+        authorize=authorize,
+        allowed_hosts=hosts,
     )
     server = uvicorn.Server(
         # log_config=None: uvicorn logs through the root logger, whose lines are redacted
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", log_config=None)
     )
+    server = uvicorn.Server(server_config(app, host=args.host, port=args.port, settings=settings))
     base = f"http://{args.host}:{args.port}"
     policy = args.authorizer or ("owner" if tokens else "allow-all")
     print(
@@ -163,6 +170,8 @@ async def _serve(args: argparse.Namespace) -> int:
         f"(console: {base}/console/; authorisation: {policy})",
         flush=True,
     )
+    if hosts is None:
+        print("answering to any Host name: pass --allowed-host NAME to restrict", flush=True)
     if rt.worker is None:
         live = await rt.workers()
         if live:
@@ -183,6 +192,19 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         await rt.close()
     return OK
+
+
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    """The settings with serve's limit flags over them (a flag left out keeps the setting)."""
+    flags = {
+        "max_body_bytes": args.max_body_bytes,
+        "max_header_bytes": args.max_header_bytes,
+        "max_headers": args.max_headers,
+        "header_timeout_s": args.header_timeout,
+        "keep_alive_s": args.keep_alive,
+        "max_http_connections": args.max_connections,
+    }
+    return dataclasses.replace(_settings(args), **{k: v for k, v in flags.items() if v is not None})
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -455,10 +477,7 @@ async def _pending(args: argparse.Namespace) -> int:
 async def _approve(args: argparse.Namespace) -> int:
     edited = None
     if args.input is not None:
-        try:
-            edited = msgspec.json.decode(args.input)
-        except msgspec.DecodeError as exc:
-            raise WakefulError(f"--input is not JSON: {exc}") from None
+        edited = decode_json(args.input, "--input")  # strict: no NaN, no deep nesting
     return await _decide(args, "approved", edited_input=edited)
 
 

@@ -20,6 +20,26 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
+def serve_limits(p: argparse.ArgumentParser) -> None:
+    """``serve``'s Host allow-list and request limits (defaults: the WAKEFUL_* settings)."""
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="also answer to this Host name (repeatable; '*' for any). Default: the "
+        "loopback names when bound to loopback, the address when bound to one",
+    )
+    for flag, kind, help_text in (
+        ("--max-body-bytes", int, "largest request body (default 1048576)"),
+        ("--max-header-bytes", int, "largest request line and headers (default 16384)"),
+        ("--max-headers", int, "most headers of a request (default 100)"),
+        ("--header-timeout", float, "seconds to send the request line and headers (default 10)"),
+        ("--keep-alive", int, "seconds an idle connection stays open (default 5)"),
+        ("--max-connections", int, "most open connections (default 256)"),
+    ):
+        p.add_argument(flag, type=kind, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakeful",
@@ -90,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "entity belongs to the identity that created it), 'allow-all' (the default "
         "without), or module:function",
     )
+    serve_limits(p)
     p = command("send", "send a message to an entity (creating it)")
     p.add_argument("url")
     p.add_argument("text")

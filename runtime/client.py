@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-import msgspec
 from redis.asyncio import Redis
 
 from .actions import (
@@ -59,6 +58,7 @@ from .events import (
 from .fold import check_skipped, initial_state, rebuild
 from .following import follow_entity, until_idle
 from .history import project
+from .json_values import json_builtins
 from .keys import Keyspace
 from .live import LiveRecord
 from .notices import Notices
@@ -260,10 +260,15 @@ class Runtime(PendingActions, RecurringSchedules):
                 identity=identity,
                 client_data=client_data,
                 idempotency_key=idempotency_key,
-                client_tools=check_client_tools(client_tools) if client_tools is not None else None,
+                client_tools=(
+                    check_client_tools(client_tools, self.settings)
+                    if client_tools is not None
+                    else None
+                ),
             ),
             limit=limit,
             what=f"message to {url}",
+            from_client=True,
         )
         result = await self._store.append_input(
             url,
@@ -302,10 +307,9 @@ class Runtime(PendingActions, RecurringSchedules):
         """
         url = entity_url(type_name, entity_id)
         await self._check_type(type_name)
+        args = json_builtins(args, "args")  # NaN, too deep: refused before any check
         if type_name in self.registry:
             args = self.registry.get(type_name).validate_args(args)
-        else:
-            args = msgspec.to_builtins(args)
         limit = self.settings.max_event_bytes
         message = None
         if initial_message is not None:
@@ -319,12 +323,16 @@ class Runtime(PendingActions, RecurringSchedules):
                 ),
                 limit=limit,
                 what=f"initial message to {url}",
+                from_client=True,
             )
         await self._store.append_input(
             url,
             type_name,
             created=encode_event(
-                Created(type=type_name, args=args, parent=parent), limit=limit, what="args"
+                Created(type=type_name, args=args, parent=parent),
+                limit=limit,
+                what="args",
+                from_client=True,
             ),
             events=[("i", message)] if message is not None else [],
             args=pack(args),

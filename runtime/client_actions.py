@@ -170,6 +170,7 @@ class PendingActions:
             answer_event(tool_call_id, decision, identity, **fields),
             limit=self.settings.max_event_bytes,
             what=f"answer to tool call {tool_call_id!r}",
+            from_client=True,
         )
         event_id = await self._store.settle_action(url, tool_call_id, event)
         if event_id is None:

@@ -42,6 +42,18 @@ class Settings:
     # The gateway's event streams, each holding a connection while it waits.
     max_event_streams: int = 64
     max_event_streams_per_identity: int = 16
+    # Client tool snapshots (their schemas are untrusted; see actions.check_client_tools).
+    max_client_tools: int = 64
+    max_schema_bytes: int = 64 * 1024  # one input or output schema, as JSON
+    max_schema_depth: int = 32
+    # The HTTP server of `wakeful serve` (see http_limits.py): what a request may
+    # cost before the gateway routes it.
+    max_body_bytes: int = 1024 * 1024
+    max_header_bytes: int = 16 * 1024  # request line and headers together
+    max_headers: int = 100
+    header_timeout_s: float = 10.0  # to send the request line and headers
+    keep_alive_s: int = 5  # an idle connection between requests is closed after
+    max_http_connections: int = 256
 
     def __post_init__(self) -> None:
         for name in (
@@ -56,13 +68,20 @@ class Settings:
             "max_connections",
             "max_event_streams",
             "max_event_streams_per_identity",
+            "max_client_tools",
+            "max_schema_bytes",
+            "max_schema_depth",
+            "max_body_bytes",
+            "max_header_bytes",
+            "max_headers",
+            "max_http_connections",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
 
-        for name in ("socket_timeout_s", "pool_timeout_s"):
+        for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive, got {getattr(self, name)}")
         if self.max_event_streams >= self.max_connections:

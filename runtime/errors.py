@@ -43,14 +43,14 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ToolContractError (TypeError)
     |   +-- ToolFailure                       a tool's planned failure (``ctx.fail``)
     |   +-- ToolBugError                      a tool broke: the run fails
+    |   +-- HTTPError                         the gateway refuses a request (``status``)
     +-- TargetMissingError                    engine-internal: never reaches a caller
     +-- EntityGoneError                       engine-internal: never reaches a caller
     BaseException
     +-- WakeInterrupted                       lease lost or worker stopping
 
 Private control flow that never leaves its layer (the agent loop's ``SuspendRun``
-and ``StopRun``, the worker's retry, the gateway's ``HTTPError``) stays where it is
-raised, and so does a ready-made tool's own error (``CalculationError``, which the
+and ``StopRun``, the worker's retry) stays where it is raised, and so does a ready-made tool's own error (``CalculationError``, which the
 calculator turns into an error result for the model).
 """
 
@@ -323,6 +323,16 @@ class ToolBugError(WakefulError):
         self.detail = detail
         self.tool = tool
         self.tool_call_id = tool_call_id
+
+
+class HTTPError(WakefulError):
+    """The gateway refuses a request: ``status`` is the HTTP status, ``kind`` the
+    error type its JSON body names (``{"error": {"type": kind, "message": ...}}``)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
 
 
 # -- engine-internal signals (plain exceptions: they never reach a caller) ---------------

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from .errors import EventDecodeError, InvalidEventError, InvalidPayloadError, PayloadTooLargeError
+from .json_values import MAX_JSON_DEPTH, check_json_value, may_be_loose
 
 # The default of Settings.max_event_bytes (config.py imports it: events sit below config).
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
@@ -430,7 +431,11 @@ class UndecodableRecord(msgspec.Struct, frozen=True):
 
 
 def encode_event(
-    event: Event, *, limit: int = DEFAULT_MAX_EVENT_BYTES, what: str = "event"
+    event: Event,
+    *,
+    limit: int = DEFAULT_MAX_EVENT_BYTES,
+    what: str = "event",
+    from_client: bool = False,
 ) -> bytes:
     """Encode ``event`` for the log, refusing what could not be read back.
 
@@ -439,17 +444,30 @@ def encode_event(
     fine and then park its entity when the worker decodes it. Every append goes
     through here, so the encoded bytes are decoded with the reader's own decoder
     first (about a microsecond per event): nothing undecodable is ever written.
+
+    ``from_client``: the event carries values from outside the runtime (a
+    client's message, args or answer), which must also be JSON the API can
+    carry back out (see :func:`check_json_value`). Events the runtime derives
+    itself are not refused for that: their readers render what JSON cannot
+    carry as ``null``.
     """
     try:
         data = _encoder.encode(event)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidPayloadError(f"{what} cannot be encoded as msgpack: {exc}") from exc
+    except RecursionError:
+        raise InvalidPayloadError(
+            f"{what} is nested deeper than {MAX_JSON_DEPTH} levels of lists and maps"
+        ) from None
     if len(data) > limit:
         raise PayloadTooLargeError(what, len(data), limit)
     try:
         _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _invalid(event, what, str(exc)) from None
+    if from_client and may_be_loose(data):
+        # The event's own map is one level: its fields may nest MAX_JSON_DEPTH more.
+        check_json_value(msgspec.msgpack.decode(data), what, max_depth=MAX_JSON_DEPTH + 1)
     return data
 
 

@@ -31,11 +31,12 @@ is an example); ``client_data`` from the body is passed on untrusted. An
 authoriser (``authorization.py``) decides who may read or write which entity: by
 default, with authentication, an entity belongs to the identity that created it.
 
-Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
-404 unknown type or entity, 409 conflict (other args, action not pending),
-413 body or payload too large, 415 a body that is not sent as
-application/json, 422 a value fails its schema, 503 too many open event streams
-(with ``Retry-After``). A request that fails writes nothing.
+Status codes: 400 malformed request (input is parsed strictly: http_input.py),
+401 not authenticated, 403 not allowed, 404 unknown type or entity, 409
+conflict (other args, action not pending), 413 body or payload too large, 415 a
+body that is not sent as application/json, 421 a ``Host`` not allowed, 422 a
+value fails its schema, 503 too many open event streams (with ``Retry-After``).
+A request that fails writes nothing.
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from starlette import responses
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -74,6 +77,7 @@ from .client import Runtime
 from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
+    HTTPError,
     InvalidArgsError,
     InvalidEventError,
     InvalidPayloadError,
@@ -85,6 +89,8 @@ from .errors import (
     WakefulError,
 )
 from .events import OPERATOR_ONLY, LogRecord, UndecodableRecord
+from .http_input import query_flag, query_int, read_body, resume_position
+from .http_limits import HostAllowList
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .schedules import CronSchedule
@@ -95,13 +101,6 @@ log = logging.getLogger("wakeful.gateway")
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
 
 
 _STATUS: list[tuple[type[Exception], int]] = [
@@ -122,6 +121,19 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidScheduleError, 422),
     (WakefulError, 400),
 ]
+
+
+class JSONResponse(responses.JSONResponse):
+    """Always valid JSON. A client's NaN or Infinity is refused on the way in (see
+    http_input.py), but what a handler or a model wrote is kept as it is: a float
+    JSON cannot carry is written as ``null``, never as a bare ``NaN`` (or a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content).encode()
+
+
+def json_text(value: Any) -> str:
+    return msgspec.json.encode(value, enc_hook=str).decode()
 
 
 def bearer_tokens(tokens: dict[str, Identity]) -> Authenticate:
@@ -195,9 +207,10 @@ def create_app(
     *,
     authenticate: Authenticate | None = None,
     authorize: Authorizer | None = None,
-    max_body_bytes: int = 1024 * 1024,
+    max_body_bytes: int | None = None,
     max_streams: int | None = None,
     max_streams_per_identity: int | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """An ASGI app serving ``runtime``. Without ``authenticate`` every caller is anonymous.
 
@@ -205,6 +218,11 @@ def create_app(
     the default is :func:`~wakeful.authorization.owner_only` with ``authenticate``
     (an entity belongs to the identity that created it) and
     :func:`~wakeful.authorization.allow_all` without.
+    A request body over ``max_body_bytes`` (default: the setting
+    ``max_body_bytes``) is refused with 413 before it is read past the limit.
+    With ``allowed_hosts`` a request whose ``Host`` is not one of them is refused
+    with 421 (against DNS rebinding; see http_limits.HostAllowList); without, any
+    ``Host`` is served.
 
     Open event streams are capped at ``max_streams`` in total and
     ``max_streams_per_identity`` per identity (an anonymous caller: per client
@@ -214,6 +232,7 @@ def create_app(
     """
     settings = runtime.settings
     policy = authorize or (owner_only if authenticate is not None else allow_all)
+    body_limit = max_body_bytes if max_body_bytes is not None else settings.max_body_bytes
     slots = StreamSlots(
         max_streams if max_streams is not None else settings.max_event_streams,
         max_streams_per_identity
@@ -230,32 +249,7 @@ def create_app(
         return identity
 
     async def body(request: Request) -> dict[str, Any]:
-        # Only JSON: a browser sends a cross-site form or text/plain POST without asking,
-        # but must ask (CORS preflight, which this app never grants) before sending JSON.
-        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type != "application/json":
-            raise HTTPError(
-                415,
-                "UnsupportedMediaType",
-                f"send the body as JSON with Content-Type: application/json "
-                f"(got {media_type or 'no content type'})",
-            )
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            raise HTTPError(
-                413, "BodyTooLarge", f"request body is {len(raw)} bytes, over {max_body_bytes}"
-            )
-        if not raw:
-            return {}
-        try:
-            data = json.loads(raw)
-        except UnicodeDecodeError as exc:
-            raise HTTPError(400, "MalformedJSON", f"request body is not UTF-8: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise HTTPError(400, "MalformedJSON", f"request body is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise HTTPError(400, "MalformedJSON", "request body must be a JSON object")
-        return data
+        return await read_body(request, body_limit)
 
     async def entity(request: Request, access: Access) -> tuple[str, Identity | None]:
         url, identity, _ = await entity_access(request, access)
@@ -298,6 +292,8 @@ def create_app(
                 response = error_response(exc)
                 if response.status_code == 503:
                     response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                if response.status_code == 413:  # the rest of the body is not read
+                    response.headers["Connection"] = "close"
                 return response
             except Exception:  # a bug: log it, and answer JSON without internals
                 log.exception("gateway: %s %s failed", request.method, request.url.path)
@@ -390,12 +386,7 @@ def create_app(
     async def listing(request: Request) -> Response:
         identity = await caller(request)
         after = request.query_params.get("after", "")
-        try:
-            limit = int(request.query_params.get("limit", LIST_LIMIT))
-        except ValueError:
-            raise HTTPError(400, "BadQuery", "limit must be a whole number") from None
-        if not 1 <= limit <= LIST_LIMIT:
-            raise HTTPError(400, "BadQuery", f"limit must be between 1 and {LIST_LIMIT}")
+        limit = query_int(request, "limit", LIST_LIMIT, 1, LIST_LIMIT)
         urls = [url for url in await runtime.list(request.path_params["type"]) if url > after]
         return JSONResponse(await readable(policy, runtime, identity, urls, limit))
 
@@ -495,16 +486,12 @@ def create_app(
     async def events(request: Request) -> Response:
         url, identity = await entity(request, "read")
         await runtime.status(url)
-        live = request.query_params.get("live") in ("1", "true")
-        follow = request.query_params.get("follow", "1") not in ("0", "false")
-        after, live_after = _resume(
-            request.headers.get("last-event-id") or request.query_params.get("after")
-        )
-        tail = request.query_params.get("tail")
-        if tail is not None and after is None:  # a first look: only the latest entries
-            if not tail.isdigit() or not 1 <= int(tail) <= TAIL_LIMIT:
-                raise HTTPError(400, "BadQuery", f"tail must be between 1 and {TAIL_LIMIT}")
-            after = await runtime.log_position(url, back=int(tail))
+        live = query_flag(request, "live", False)
+        follow = query_flag(request, "follow", True)
+        after, live_after = resume_position(request)
+        tail = query_int(request, "tail", 0, 1, TAIL_LIMIT)
+        if tail and after is None:  # a first look: only the latest entries
+            after = await runtime.log_position(url, back=tail)
         stream = _sse(runtime, url, after, live_after, live=live, follow=follow)
         if not (follow or live):  # reads to the end of the log and returns: not held open
             return StreamingResponse(stream, media_type="text/event-stream")
@@ -513,7 +500,9 @@ def create_app(
         return _CountedStream(stream, lambda: slots.give_back(key))
 
     base = "/entities/{type}/{id}"
+    guards = [] if allowed_hosts is None else [Middleware(HostAllowList, hosts=allowed_hosts)]
     return Starlette(
+        middleware=guards,
         routes=[
             Route("/", console_root),
             Mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console"),
@@ -531,7 +520,7 @@ def create_app(
             Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
             Route(base + "/schedules", schedules, methods=["GET", "POST"]),
             Route(base + "/schedules/{schedule}", delete_schedule, methods=["DELETE"]),
-        ]
+        ],
     )
 
 
@@ -540,14 +529,6 @@ def _caller_key(identity: Identity | None, request: Request) -> str:
     if identity is not None:
         return json.dumps(identity, sort_keys=True)
     return f"anonymous@{request.client.host if request.client else ''}"
-
-
-def _resume(cursor: str | None) -> tuple[str | None, str | None]:
-    """``Last-Event-ID`` is ``<log id>|<live id>``: the positions after the last event seen."""
-    if not cursor:
-        return None, None
-    log_id, _, live_id = cursor.partition("|")
-    return log_id or None, live_id or None
 
 
 async def _sse(
@@ -575,7 +556,7 @@ async def _sse(
             assert isinstance(record, UndecodableRecord)
             log_pos = record.id
             kind, data = "undecodable", {"error": record.error}
-        payload = json.dumps({"id": record.id, "event": data}, default=str)
+        payload = json_text({"id": record.id, "event": data})
         yield f"id: {log_pos}|{live_pos}\nevent: {kind}\ndata: {payload}\n\n".encode()
 
 

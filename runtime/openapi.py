@@ -272,5 +272,8 @@ OPENAPI: dict[str, Any] = {
     },
 }
 for _operations in OPENAPI["paths"].values():
-    if "post" in _operations:  # every POST takes a JSON body (see body())
+    if "post" in _operations:  # every POST takes a JSON body (see http_input.read_body)
+        _operations["post"]["responses"]["413"] = _ERROR
         _operations["post"]["responses"]["415"] = _ERROR
+    for _operation in _operations.values():  # a Host not allowed (http_limits.HostAllowList)
+        _operation["responses"]["421"] = _ERROR

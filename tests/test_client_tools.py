@@ -88,7 +88,7 @@ async def test_client_tools_are_offered_for_the_run_and_answered_by_the_client(c
     assert [t["name"] for t in model.requests[0].tools] == ["getLocation"]
     [action] = await rt.pending_actions("/bot/b")
     assert (action.tool, action.kind, action.input) == ("getLocation", "client", {"precise": True})
-    with pytest.raises(ActionValidationError, match="'city' is a required property"):
+    with pytest.raises(ActionValidationError, match='"city" is a required property'):
         await rt.submit_tool_result("/bot/b", "g1", {"town": "Oslo"})
     assert len(await rt.pending_actions("/bot/b")) == 1  # still pending
     await rt.submit_tool_result("/bot/b", "g1", {"city": "Oslo"})
