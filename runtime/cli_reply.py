@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
+import os
 import sys
 from typing import Any
 
@@ -112,8 +112,6 @@ async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: 
     someone else answered first), so the run goes on and is followed further."""
     if args.json or args.no_input or not sys.stdin.isatty():
         return False
-    from rich.prompt import Confirm, Prompt
-
     answered = False
     identity = identity_of(args)
     # Only the calls this identity may answer (a run of another's is not ours to approve).
@@ -124,12 +122,10 @@ async def _answer_interactively(rt: Runtime, args: argparse.Namespace, pending: 
             f"{terminal.escape(terminal.short(action.input))} ([dim]{action.tool_call_id}[/])?"
         )
         try:
-            if _prompt(Confirm.ask, question, console=err):
+            if await _confirm(question):
                 await rt.approve(args.url, action.tool_call_id, identity=identity)
             else:
-                reason = _prompt(
-                    Prompt.ask, "reason", console=err, default="denied by the operator"
-                )
+                reason = await _ask("reason", default="denied by the operator")
                 await rt.deny(args.url, action.tool_call_id, reason, identity=identity)
         except ActionNotPendingError:
             err.print(f"[dim]{action.tool_call_id} was answered meanwhile[/]")
@@ -141,25 +137,51 @@ class PromptInterrupted(Exception):
     """Ctrl-C at an approval prompt: the command ends with exit code 130."""
 
 
-def _prompt(ask: Any, *args: Any, **kwargs: Any) -> Any:
-    """Prompt in the main thread with Python's own Ctrl-C handling (asyncio's handler
-    only cancels the main task, which a blocking ``input()`` never notices).
+async def _confirm(question: str) -> bool:
+    """A yes/no question at the terminal, asked until it gets one of them."""
+    while True:
+        answer = (await _ask(f"{question} [bold magenta][y/n][/]")).lower()
+        if answer in ("y", "yes", "n", "no"):
+            return answer.startswith("y")
+        err.print("[red]please answer y or n[/]")
 
-    Ctrl-C comes out as :class:`PromptInterrupted`, an ordinary exception: a
-    ``KeyboardInterrupt`` raised inside a task escapes the event loop at once, past the
-    ``finally`` blocks that close the client, and its teardown could hang."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+async def _ask(question: str, *, default: str = "") -> str:
+    """Print ``question`` and wait for a line on the terminal, inside the event loop.
+
+    The wait is an ``await``, so Ctrl-C (asyncio's handler cancels the main task) ends it
+    at once, also when it came just before the prompt, and comes out as
+    :class:`PromptInterrupted`, an ordinary exception: the command closes its client and
+    exits 130. A blocking ``input()`` would leave the signal to Python's handler, which
+    a read blocked in C may never run."""
+    suffix = f" [dim]({terminal.escape(default)})[/]" if default else ""
+    err.print(f"{question}{suffix}: ", end="")
+    task = asyncio.current_task()
     try:
-        # A Ctrl-C that came before the swap only asked asyncio to cancel this task, which
-        # a blocking input() would never see: it is the operator's answer, so stop here.
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise PromptInterrupted
-        return ask(*args, **kwargs)
-    except KeyboardInterrupt:
+        line = await _read_line(sys.stdin.fileno())
+    except asyncio.CancelledError:
+        if task is not None:
+            task.uncancel()
+        err.print()
         raise PromptInterrupted from None
+    if line is None:  # end of input (Ctrl-D)
+        err.print()
+        raise PromptInterrupted
+    return line.strip() or default
+
+
+async def _read_line(fd: int) -> str | None:
+    """One line from the terminal ``fd`` (canonical mode: a read returns one line);
+    None at end of input."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
     finally:
-        signal.signal(signal.SIGINT, previous)
+        loop.remove_reader(fd)
+    data = os.read(fd, 65536)
+    return data.decode(errors="replace") if data else None
 
 
 def ask_result(

@@ -353,13 +353,21 @@ def _interact(
 ) -> tuple[int | None, str]:
     """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
     str) or send it the signal ``answer`` (an int)."""
+    import contextlib
     import pty
     import select
+    import signal
     import time
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
+        command,
+        cwd=ROOT,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
     )
     os.close(slave)
     output, answered, deadline = b"", False, time.monotonic() + 60
@@ -383,9 +391,20 @@ def _interact(
             if proc.poll() is not None and not ready:
                 break
         try:
-            code = proc.wait(timeout=10)
+            code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            code = None  # still running: the assertion shows what it printed
+            code = None  # still running: the assertion shows what it printed, and where
+            proc.send_signal(signal.SIGABRT)  # it hangs (PYTHONFAULTHANDLER dumps the stacks)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            while select.select([master], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                output += chunk
         return code, output.decode(errors="replace") + f"\n[answered: {answered}]"
     finally:
         if proc.poll() is None:
@@ -444,22 +463,23 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     assert action.input == {"action": "delete", "key": "city"}
 
 
-async def test_a_ctrl_c_just_before_the_prompt_is_not_lost():
-    """A Ctrl-C that lands after the last await but before the prompt installs Python's
-    own handler only asked asyncio to cancel the task: the prompt must not block then."""
-    from wakeful.cli_reply import PromptInterrupted, _prompt
+async def test_a_ctrl_c_just_before_the_prompt_is_not_lost(monkeypatch):
+    """A Ctrl-C that lands after the last await but before the prompt waits only asked
+    asyncio to cancel the task: the prompt must not wait for input then."""
+    from wakeful.cli_reply import PromptInterrupted, _confirm
 
-    def blocking_input() -> str:
-        raise AssertionError("the prompt waited for input after a Ctrl-C")
-
+    read_end, write_end = os.pipe()  # a terminal on which nothing is ever typed
+    monkeypatch.setattr(sys, "stdin", open(read_end, closefd=False))  # noqa: SIM115
     task = asyncio.current_task()
     assert task is not None
     task.cancel()  # what asyncio's SIGINT handler does
     try:
         with pytest.raises(PromptInterrupted):
-            _prompt(blocking_input)
+            await _confirm("approve?")
+        assert not task.cancelling()  # the interruption is the answer: teardown runs
     finally:
-        task.uncancel()
+        os.close(read_end)
+        os.close(write_end)
 
 
 async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
