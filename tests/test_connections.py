@@ -265,6 +265,23 @@ async def test_a_follower_resumes_after_a_lost_connection(quiet_worker):
     assert seen == [entry_id for entry_id, _ in await store.read_log(url)][: len(seen)]
 
 
+async def serves_then_stops(
+    worker: subprocess.Popen[bytes], url: str, prefix: str, entity: str, log_path: Path
+) -> None:
+    """The worker process publishes its types and answers, then stops cleanly."""
+    client = Runtime(Registry(), settings=settings(url, prefix), run_worker=False)
+    async with client:
+
+        async def published() -> bool:
+            return "echo" in await client.types()
+
+        await until(published, 60, "the worker to start serving", interval=0.1)
+        assert await asyncio.wait_for(client.ask(entity, "hi"), 60) == "echo hi"
+    assert worker.poll() is None
+    worker.terminate()
+    assert worker.wait(timeout=30) == 0, log_path.read_text()
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 async def test_a_worker_started_while_redis_loads_waits_and_says_so(tmp_path, prefix):
     """Redis answers LOADING while it reads its dataset after a restart. ``key-load-delay``
@@ -333,17 +350,7 @@ async def test_a_worker_started_while_redis_loads_waits_and_says_so(tmp_path, pr
         await until(said_loading, 60, "the worker to say that Redis is loading", interval=0.1)
         assert loading()  # it said so while Redis was still loading, and it is waiting
         probe.config_set("key-load-delay", 0)  # let the load finish
-        client = Runtime(Registry(), settings=settings(url, prefix), run_worker=False)
-        async with client:
-
-            async def published() -> bool:
-                return "echo" in await client.types()
-
-            await until(published, 60, "the worker to start once Redis has loaded", interval=0.1)
-            assert await asyncio.wait_for(client.ask("/echo/after", "hi"), 60) == "echo hi"
-        assert worker.poll() is None
-        worker.terminate()
-        assert worker.wait(timeout=30) == 0, log_path.read_text()
+        await serves_then_stops(worker, url, prefix, "/echo/after", log_path)
     finally:
         for proc in (worker, second, first):
             if proc is not None and proc.poll() is None:
@@ -389,17 +396,7 @@ async def test_a_worker_started_before_redis_answers_waits_and_says_so(tmp_path,
 
         await until(lambda: asyncio.to_thread(answers), 10, "redis-server to start")
         probe.close()
-        client = Runtime(Registry(), settings=settings(url, prefix), run_worker=False)
-        async with client:
-
-            async def published() -> bool:
-                return "echo" in await client.types()
-
-            await until(published, 60, "the worker to start once Redis is up", interval=0.1)
-            assert await asyncio.wait_for(client.ask("/echo/late", "hi"), 60) == "echo hi"
-        assert worker.poll() is None
-        worker.terminate()
-        assert worker.wait(timeout=30) == 0, log_path.read_text()
+        await serves_then_stops(worker, url, prefix, "/echo/late", log_path)
     finally:
         for proc in (worker, server):
             if proc is not None and proc.poll() is None:
