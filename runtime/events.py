@@ -380,6 +380,18 @@ class RuntimeErrorRecorded(Event, tag="runtime_error"):
 OPERATOR_ONLY: tuple[type[Event], ...] = (RuntimeErrorRecorded,)
 """Kinds of events the gateway (every HTTP identity, the SSE stream) never sends."""
 
+
+def client_view(event: Event) -> Event | None:
+    """``event`` as the gateway may send it to a client: None for an operator-only kind,
+    and a handler's failure without its traceback (the code's internals and whatever
+    its frames printed stay with operators: ``wakeful tail``, the worker log)."""
+    if isinstance(event, OPERATOR_ONLY):
+        return None
+    if isinstance(event, HandlerFailed) and event.traceback:
+        return msgspec.structs.replace(event, traceback="")
+    return event
+
+
 HistoryEvent = UserTurn | AssistantStep | ToolIntent | ToolOutcome
 
 

@@ -88,7 +88,7 @@ from .errors import (
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import OPERATOR_ONLY, LogRecord, UndecodableRecord
+from .events import LogRecord, UndecodableRecord, client_view
 from .http_input import query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .live import LiveRecord
@@ -548,10 +548,11 @@ async def _sse(
             kind, data = "live", msgspec.to_builtins(record.event)
         elif isinstance(record, LogRecord):
             log_pos = record.id
-            if isinstance(record.event, OPERATOR_ONLY):  # full errors: never to clients
+            event = client_view(record.event)  # full errors: never to clients
+            if event is None:
                 continue
-            kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
-            data = msgspec.to_builtins(record.event, enc_hook=_raw)
+            kind = str(type(event).__struct_config__.tag)  # events' tags are str
+            data = msgspec.to_builtins(event, enc_hook=_raw)
         else:
             assert isinstance(record, UndecodableRecord)
             log_pos = record.id

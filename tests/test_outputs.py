@@ -13,8 +13,11 @@ import pytest
 
 from tests.test_contracts import Text, Upper, app, outcomes, results_in, step, upper_tool, use
 from wakeful import (
+    HandlerContext,
+    HandlerFailed,
     Lifecycle,
     Registration,
+    Registry,
     RunFailedError,
     ScriptedModel,
     ToolContext,
@@ -264,3 +267,25 @@ async def test_a_raising_on_runtime_error_hook_does_not_hide_the_failure(cluster
     with pytest.raises(RunFailedError) as failed:
         await rt.ask(URL, "go")
     assert failed.value.error == "internal error in tool 'leaky' (call c1)"
+
+
+async def test_a_handlers_traceback_stays_with_operators(cluster):
+    """A handler's own exception: its ``handler_error`` reaches SSE clients without the
+    traceback (whose frames show the code's internals); ``rt.events`` keeps it in full."""
+    reg = Registry()
+
+    @reg.entity("fails")
+    async def fails(ctx: HandlerContext) -> None:
+        raise RuntimeError("the handler broke")
+
+    rt = await cluster.runtime(reg, max_attempts=1)
+    await rt.send("/fails/f", "hi")
+    assert (await rt.wait_idle("/fails/f", timeout=30)).status == "failed"
+    [failure] = [r.event async for r in rt.events("/fails/f") if isinstance(r.event, HandlerFailed)]
+    assert "Traceback" in failure.traceback and "test_outputs.py" in failure.traceback
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    async with http:
+        stream = await http.get("/entities/fails/f/events?follow=0")
+    assert stream.status_code == 200
+    assert "handler_error" in stream.text and "the handler broke" in stream.text
+    assert "Traceback" not in stream.text and "test_outputs.py" not in stream.text
