@@ -39,6 +39,7 @@ from .errors import (
     ModelConfigError,
     ModelError,
     PayloadTooLargeError,
+    RedisFullError,
     RowValidationError,
     RunFailedError,
     RunSuspendedError,
@@ -75,12 +76,14 @@ from .events import (
     ToolCall,
     ToolIntent,
     ToolOutcome,
+    TrimmedRecord,
     UndecodableRecord,
     UserTurn,
 )
 from .live import LiveEvent, LiveRecord
 from .models import AnthropicModel, Model, ScriptedModel
 from .registry import EntityType, Registry
+from .retention import JsonlExporter
 from .schema import Collection
 from .state import ChildInfo, CollectionHandle, CollectionView
 from .status import EntityStatus, RunInfo
@@ -131,6 +134,7 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidTypeNameError",
     "InvalidUrlError",
+    "JsonlExporter",
     "Lifecycle",
     "LiveEvent",
     "LiveRecord",
@@ -142,6 +146,7 @@ __all__ = [
     "ModelError",
     "Outbox",
     "PayloadTooLargeError",
+    "RedisFullError",
     "Registration",
     "Registry",
     "Resumed",
@@ -167,6 +172,7 @@ __all__ = [
     "ToolIntent",
     "ToolOutcome",
     "ToolResult",
+    "TrimmedRecord",
     "UndecodableRecord",
     "UnknownCollectionError",
     "UnknownEntityTypeError",

@@ -6,6 +6,7 @@
     wakeful send URL TEXT                send a message, print its event id
     wakeful ask URL TEXT                 send a message and stream the reply
     wakeful tail URL [-f] [--live]       the entity log (and live output), resumable
+    wakeful export URL [-o FILE]         the entity's current log as JSON Lines
     wakeful inspect URL                  status, lease, lag, state, children, actions
     wakeful ls [TYPE]                    entities (of a type) and their status
     wakeful pending URL                  tool calls waiting for a client or an approval
@@ -45,9 +46,10 @@ from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
-from .events import LogRecord
+from .events import LogRecord, TrimmedRecord
 from .live import LiveRecord
 from .registry import Registry
+from .retention import json_lines
 from .status import EntityStatus
 from .tasks import first_error, first_of
 from .terminal import err, out
@@ -406,11 +408,35 @@ async def _tail(args: argparse.Namespace) -> int:
         await rt.close()
 
 
+async def _export(args: argparse.Namespace) -> int:
+    """``wakeful export URL``: the entity's current log as JSON Lines (stdout or a file)."""
+    rt = await _client(args)
+    try:
+        await rt.status(args.url)  # a clear error for a missing entity
+        sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+        try:
+            lines = 0
+            async for record in rt.export_log(args.url):
+                sink.write(json_lines([record]))
+                lines += 1
+            sink.flush()
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+    finally:
+        await rt.close()
+    if args.output:
+        err.print(f"wrote {lines} entries of {args.url} to {args.output}", markup=False)
+    return OK
+
+
 def _record(record: Any) -> dict[str, Any]:
     if isinstance(record, LiveRecord):
         return {"id": record.id, "live": record.event}
     if isinstance(record, LogRecord):
         return {"id": record.id, "event": record.event}
+    if isinstance(record, TrimmedRecord):
+        return {"id": record.id, "trimmed": record.message}
     return {"id": record.id, "error": record.error}
 
 
@@ -493,6 +519,7 @@ COMMANDS = {
     "send": _send,
     "ask": _ask,
     "tail": _tail,
+    "export": _export,
     "inspect": _inspect,
     "ls": _ls,
     "workers": _workers,

@@ -68,7 +68,7 @@ from .errors import (
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import LogRecord, UndecodableRecord
+from .events import LogRecord, TrimmedRecord, UndecodableRecord
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .urls import entity_url
@@ -478,6 +478,9 @@ async def _sse(
             log_pos = record.id
             kind = str(type(record.event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(record.event, enc_hook=_raw)
+        elif isinstance(record, TrimmedRecord):  # the range before it is gone: say so
+            log_pos = record.id
+            kind, data = "trimmed", {"upto": record.id, "message": record.message}
         else:
             assert isinstance(record, UndecodableRecord)
             log_pos = record.id

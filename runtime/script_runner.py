@@ -11,10 +11,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from . import lua
 from .batching import AutoPipeline
+from .errors import RedisFullError
 from .keys import Keyspace
 
 
@@ -39,6 +40,7 @@ CANCEL_TIMER = Script(lua.CANCEL_TIMER)
 SETTLE = Script(lua.SETTLE)
 RESUME = Script(lua.RESUME)
 QUARANTINE = Script(lua.QUARANTINE)
+TRIM = Script(lua.TRIM)
 ALL_SCRIPTS = (
     SEND,
     LOAD,
@@ -49,6 +51,7 @@ ALL_SCRIPTS = (
     SETTLE,
     RESUME,
     QUARANTINE,
+    TRIM,
     ACQUIRE,
     RENEW,
     RELEASE,
@@ -71,7 +74,13 @@ class ScriptRunner:
         await pipe.execute()
 
     async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a script through the auto-pipeline, reloading it after a Redis restart."""
+        """Run a script through the auto-pipeline, reloading it after a Redis restart.
+
+        A Redis at its ``maxmemory`` (``noeviction``) refuses the script's first write
+        that could grow memory, before anything of it is written (the scripts carry no
+        shebang flags, so Redis checks at each call, and once a script has written its
+        later writes go through: no script is half-applied). That refusal is raised as
+        :class:`RedisFullError`."""
 
         def stage(pipe: Pipeline) -> None:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -83,7 +92,11 @@ class ScriptRunner:
                 if attempt:
                     raise
                 await self.load_scripts()
+            except OutOfMemoryError as exc:
+                raise RedisFullError(str(exc)) from None
             except ResponseError as exc:
+                if str(exc).startswith("OOM "):
+                    raise RedisFullError(str(exc)) from None
                 if attempt or "NOSCRIPT" not in str(exc):
                     raise
                 await self.load_scripts()

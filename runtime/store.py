@@ -25,7 +25,14 @@ from redis.typing import KeyT, StreamIdT
 
 from .connection import block_ms as block_ms_for
 from .entity_reads import EntityReads, Loaded, StreamBatch
-from .errors import ArgsConflictError, ConfigError, EntityGoneError, FencedError, TargetMissingError
+from .errors import (
+    ArgsConflictError,
+    ConfigError,
+    EntityGoneError,
+    FencedError,
+    RedisFullError,
+    TargetMissingError,
+)
 from .keys import GROUP, Keyspace
 from .replies import EntityMeta, Entry, as_str, stream_entries
 from .script_runner import (
@@ -43,6 +50,7 @@ from .script_runner import (
     RESUME,
     SEND,
     SETTLE,
+    TRIM,
     Script,
 )
 
@@ -62,6 +70,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "SEND",
     "SETTLE",
     "TRANSIENT_ERRORS",
+    "TRIM",
     "BadItem",
     "EntityGoneError",
     "EntityMeta",
@@ -82,11 +91,13 @@ __all__ = [  # the scripts too, for tests that run them one by one
 log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
 
-# Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too): callers retry later, nothing is lost.
+# Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too), or
+# full (at maxmemory, nothing written): callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
+    RedisFullError,
 )
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
@@ -98,6 +109,15 @@ class SendResult:
     id: str  # the last event appended (or the one an idempotency key found)
     created_id: str  # the entity's incarnation
     appended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """What a trim of an entity's log removed (or, dry, would remove)."""
+
+    count: int  # entries removed (0 when dry)
+    before: str  # entries before this id go ("" = none)
+    last: str  # the last entry that goes ("" = none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +241,16 @@ class Store(EntityReads):
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
+
+    async def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy``; None if it will not say (CONFIG is disabled or
+        not allowed, as on many managed services, or the embedded fakeredis)."""
+        try:
+            reply = cast("dict[Any, Any]", await self.redis.config_get("maxmemory-policy"))
+        except ResponseError:
+            return None
+        value = reply.get(b"maxmemory-policy", reply.get("maxmemory-policy"))
+        return as_str(value) if value is not None else None
 
     # -- inputs --------------------------------------------------------------
 
@@ -382,6 +412,30 @@ class Store(EntityReads):
         if int(reply) == -1:
             raise FencedError(f"delete of {url} refused: lease {token} of partition {p} is lost")
         return int(reply) == 1
+
+    async def trim_log(
+        self,
+        url: str,
+        token: str,
+        *,
+        retention_ms: int,
+        keep: int,
+        cap: str = "",
+        dry: bool = False,
+    ) -> Trimmed:
+        """Fenced: trim the entity's log of the entries its snapshot covers and no
+        guarantee needs (the TRIM script says which). With ``dry`` only say which would
+        go; ``cap`` keeps every entry at or after it (the exporter has those before)."""
+        k = self.keys
+        p = k.partition(url)
+        reply = await self._run(
+            TRIM,
+            [k.lease(p), k.log(url), k.meta(url)],
+            [token, retention_ms, keep, cap, "1" if dry else "0"],
+        )
+        if int(reply[0]) == -1:
+            raise FencedError(f"trim of {url} refused: lease {token} of partition {p} is lost")
+        return Trimmed(int(reply[0]), as_str(reply[1]), as_str(reply[2]))
 
     # -- timers --------------------------------------------------------------
 
