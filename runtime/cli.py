@@ -45,7 +45,7 @@ from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_
 from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .client import Runtime
 from .config import Settings
-from .errors import WakefulError
+from .errors import RedisFullError, WakefulError
 from .events import LogRecord, TrimmedRecord
 from .live import LiveRecord
 from .registry import Registry
@@ -547,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = _settings(args).redis_url
         err.print(f"[red]error:[/] cannot reach Redis at {url}: {terminal.escape(str(exc))}")
         return UNREACHABLE
+    except redis.exceptions.OutOfMemoryError as exc:  # a plain command, not a script
+        err.print(f"[red]error:[/] {terminal.escape(str(RedisFullError(str(exc))))}")
+        return ERROR
     except redis.exceptions.RedisError as exc:
         err.print(f"[red]error:[/] Redis refused: {terminal.escape(str(exc))}")
         return ERROR

@@ -30,7 +30,8 @@ Status codes: 400 malformed request, 401 not authenticated, 403 not allowed,
 404 unknown type or entity, 409 conflict (other args, action not pending),
 413 body or payload too large, 415 a body that is not sent as
 application/json, 422 a value fails its schema, 503 too many open event streams
-(with ``Retry-After``). A request that fails writes nothing.
+(with ``Retry-After``), 507 Redis is full (at its ``maxmemory``). A request that
+fails writes nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from .errors import (
     InvalidPayloadError,
     InvalidUrlError,
     PayloadTooLargeError,
+    RedisFullError,
     UnknownEntityTypeError,
     WakefulError,
 )
@@ -102,6 +104,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
     (InvalidArgsError, 422),
+    (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
     (WakefulError, 400),
 ]
 

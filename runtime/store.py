@@ -233,8 +233,11 @@ class Store(EntityReads):
         Redis is still loading its dataset (after a restart) wait, saying so; with
         ``wait_for_redis`` (a worker) also while Redis cannot be reached."""
         await self._until_loaded(wait_for_redis)
-        await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
+        # Read first: a client of a full Redis (at maxmemory) starts without a write.
         stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
+        if not stored:
+            await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
+            stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
         if stored != self.keys.partitions:
             raise ConfigError(
                 f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
