@@ -107,6 +107,7 @@ OPENAPI: dict[str, Any] = {
                 409,
                 413,
                 422,
+                507,
                 body={"type": "object", "properties": {"args": {}, "message": {}}},
             ),
         },
@@ -119,6 +120,7 @@ OPENAPI: dict[str, Any] = {
                 404,
                 413,
                 422,
+                507,  # Redis is full (at its maxmemory): nothing was written
                 body={
                     "type": "object",
                     "required": ["payload"],
