@@ -42,6 +42,7 @@ from .errors import (
     ModelError,
     OwnerChangedError,
     PayloadTooLargeError,
+    RedisFullError,
     RowValidationError,
     RunFailedError,
     RunSuspendedError,
@@ -79,12 +80,14 @@ from .events import (
     ToolCall,
     ToolIntent,
     ToolOutcome,
+    TrimmedRecord,
     UndecodableRecord,
     UserTurn,
 )
 from .live import LiveEvent, LiveRecord
 from .models import AnthropicModel, Model, ScriptedModel
 from .registry import EntityType, Registry
+from .retention import JsonlExporter
 from .schedules import CronSchedule
 from .schema import Collection
 from .state import ChildInfo, CollectionHandle, CollectionView
@@ -139,6 +142,7 @@ __all__ = [
     "InvalidScheduleError",
     "InvalidTypeNameError",
     "InvalidUrlError",
+    "JsonlExporter",
     "Lifecycle",
     "LiveEvent",
     "LiveRecord",
@@ -151,6 +155,7 @@ __all__ = [
     "Outbox",
     "OwnerChangedError",
     "PayloadTooLargeError",
+    "RedisFullError",
     "Registration",
     "Registry",
     "Resumed",
@@ -177,6 +182,7 @@ __all__ = [
     "ToolIntent",
     "ToolOutcome",
     "ToolResult",
+    "TrimmedRecord",
     "UndecodableRecord",
     "UnknownCollectionError",
     "UnknownEntityTypeError",

@@ -6,6 +6,7 @@
     wakeful send URL TEXT                send a message, print its event id
     wakeful ask URL TEXT                 send a message and stream the reply
     wakeful tail URL [-f] [--live]       the entity log (and live output), resumable
+    wakeful export URL [-o FILE]         the entity's current log as JSON Lines
     wakeful inspect URL                  status, lease, lag, state, children, actions
     wakeful ls [TYPE]                    entities (of a type) and their status
     wakeful pending URL                  tool calls waiting for a client or an approval
@@ -49,12 +50,13 @@ from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .cli_tokens import TOKENS_VAR, load_tokens
 from .client import Runtime
 from .config import Settings
-from .errors import WakefulError
-from .events import LogRecord
+from .errors import RedisFullError, WakefulError
+from .events import LogRecord, TrimmedRecord
 from .json_values import decode_json
 from .live import LiveRecord
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .registry import Registry
+from .retention import json_lines
 from .status import EntityStatus
 from .tasks import first_error, first_of
 from .terminal import err, out
@@ -447,11 +449,35 @@ async def _tail(args: argparse.Namespace) -> int:
         await rt.close()
 
 
+async def _export(args: argparse.Namespace) -> int:
+    """``wakeful export URL``: the entity's current log as JSON Lines (stdout or a file)."""
+    rt = await _client(args)
+    try:
+        await rt.status(args.url)  # a clear error for a missing entity
+        sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+        try:
+            lines = 0
+            async for record in rt.export_log(args.url):
+                sink.write(json_lines([record]))
+                lines += 1
+            sink.flush()
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+    finally:
+        await rt.close()
+    if args.output:
+        err.print(f"wrote {lines} entries of {args.url} to {args.output}", markup=False)
+    return OK
+
+
 def _record(record: Any) -> dict[str, Any]:
     if isinstance(record, LiveRecord):
         return {"id": record.id, "live": record.event}
     if isinstance(record, LogRecord):
         return {"id": record.id, "event": record.event}
+    if isinstance(record, TrimmedRecord):
+        return {"id": record.id, "trimmed": record.message}
     return {"id": record.id, "error": record.error}
 
 
@@ -589,6 +615,7 @@ COMMANDS = {
     "send": _send,
     "ask": _ask,
     "tail": _tail,
+    "export": _export,
     "inspect": _inspect,
     "ls": _ls,
     "workers": _workers,
@@ -626,6 +653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         error(f"cannot reach Redis at {redact_url(redis_url)}: {exc}")
         return UNREACHABLE
+    except redis.exceptions.OutOfMemoryError as exc:  # a plain command, not a script
+        err.print(f"[red]error:[/] {terminal.escape(str(RedisFullError(str(exc))))}")
+        return ERROR
     except redis.exceptions.RedisError as exc:
         error(f"Redis refused: {exc}")
         return ERROR

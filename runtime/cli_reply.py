@@ -175,7 +175,12 @@ async def _read_line(fd: int) -> str | None:
     None at end of input."""
     loop = asyncio.get_running_loop()
     readable: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         await readable
     finally:

@@ -25,6 +25,7 @@ from .actions import (
 )
 from .capabilities import Capability
 from .client_actions import PendingActions
+from .client_log import LogExport
 from .client_schedules import RecurringSchedules
 from .config import Settings
 from .connection import connect
@@ -50,6 +51,7 @@ from .events import (
     RunFinished,
     RuntimeErrorRecorded,
     ToolData,
+    TrimmedRecord,
     UndecodableRecord,
     decode_entry,
     encode_event,
@@ -63,6 +65,7 @@ from .keys import Keyspace
 from .live import LiveRecord
 from .notices import Notices
 from .registry import Registry
+from .retention import Exporter
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, RunInfo, entity_status
 from .store import EntityMeta, Store, TargetMissingError
@@ -85,7 +88,7 @@ class WorkerInfo:
     expires_in_ms: int
 
 
-class Runtime(PendingActions, RecurringSchedules):
+class Runtime(PendingActions, RecurringSchedules, LogExport):
     def __init__(
         self,
         registry: Registry | None = None,
@@ -96,6 +99,7 @@ class Runtime(PendingActions, RecurringSchedules):
         redis: Redis | None = None,
         capabilities: list[Capability[Any]] | None = None,
         action_authorizer: Authorizer | None = None,
+        archive: Exporter | None = None,
     ) -> None:
         base = settings or Settings.from_env()
         if redis_url is not None:
@@ -106,6 +110,7 @@ class Runtime(PendingActions, RecurringSchedules):
         self._run_worker = self.embedded if run_worker is None else run_worker
         self.capabilities = list(capabilities or [])
         self.action_authorizer = action_authorizer or default_authorizer
+        self.archive = archive  # the worker's exporter of trimmed log entries (retention.py)
         self._redis = redis
         self._worker_redis: Redis | None = None  # the worker's own, when we connect
         self._embedded_server: Any = None
@@ -134,7 +139,13 @@ class Runtime(PendingActions, RecurringSchedules):
             worker_store = self.store
             if self._worker_redis is not None:
                 worker_store = Store(self._worker_redis, keys, idempotency_ttl_ms=ttl_ms)
-            self.worker = Worker(self.registry, worker_store, s, capabilities=self.capabilities)
+            self.worker = Worker(
+                self.registry,
+                worker_store,
+                s,
+                capabilities=self.capabilities,
+                archive=self.archive,
+            )
             self.worker.clock = self._now
             # The runtime owns the worker task: close() stops it and awaits it (raising
             # its error), and a start that fails or is cancelled cancels it.
@@ -512,14 +523,16 @@ class Runtime(PendingActions, RecurringSchedules):
         live: bool = False,
         live_after: str | None = None,
         block_ms: int = 5000,
-    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord, None]:
         """The entity log after ``after``; with ``follow`` it waits for new events forever.
 
         With ``live=True`` it also follows the live stream (text deltas and tool
         progress, as :class:`LiveRecord`), from ``live_after`` or from now; a
         client that reconnects passes the last ids it saw of each stream. An
         entry that fails to decode is yielded as an :class:`UndecodableRecord`
-        with its stream id, never skipped.
+        with its stream id, never skipped. A range that log retention trimmed
+        (``after`` before it, or the whole history) is a :class:`TrimmedRecord`
+        naming the last entry gone, never a silent jump.
         """
         parse_url(url)
         records = follow_entity(
@@ -557,7 +570,7 @@ class Runtime(PendingActions, RecurringSchedules):
         after: str | None = None,
         live_after: str | None = None,
         timeout: float = 60.0,
-    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord, None]:
+    ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord, None]:
         """The log (after ``after``) and live output (after ``live_after``) of ``url``
         until the entity is idle: every input handled, no awaited child running, or
         suspended on pending actions, or failed. Ends once every log entry written up

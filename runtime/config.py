@@ -31,6 +31,11 @@ class Settings:
     retry_base_ms: int = 200
     retry_max_ms: int = 30_000
     snapshot_every: int = 1000
+    # Log retention (retention.py): after a snapshot, entries it covers go once they
+    # are older than retention_s and not among the newest retention_entries.
+    retention_s: float = 86_400.0
+    retention_entries: int = 100
+    archive_dir: str | None = None  # trimmed entries are appended here as JSON Lines first
     idempotency_ttl_s: int = 86_400
     cache_size: int = 10_000
     shutdown_grace_s: float = 30.0
@@ -81,6 +86,9 @@ class Settings:
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
 
+        for name in ("retention_s", "retention_entries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"setting {name} must not be negative, got {getattr(self, name)}")
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive, got {getattr(self, name)}")

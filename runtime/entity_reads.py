@@ -102,6 +102,11 @@ class EntityReads(ScriptRunner):
         by_key = {as_str(key): stream_entries(raw) for key, raw in reply}
         return StreamBatch(by_key.get(log_key, []), by_key.get(live_key, []))
 
+    async def trimmed_upto(self, url: str) -> str | None:
+        """The last entry log retention trimmed from the entity's log (None: none)."""
+        value = await self.redis.hget(self.keys.meta(url), "trimmed")
+        return as_str(value) if value else None
+
     async def meta(self, url: str) -> dict[str, bytes]:
         """The raw metadata hash (empty if there is no such entity)."""
         raw = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.meta(url)))

@@ -27,6 +27,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- OwnerChangedError                 the owner an authoriser saw changed: nothing written
     |   +-- InvalidArgsError (ValueError)
     |   +-- FencedError
+    |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
     |   +-- ConfigError (ValueError)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
@@ -197,6 +198,21 @@ class InvalidArgsError(WakefulError, ValueError):
 
 class FencedError(WakefulError):
     """A commit was refused because the worker no longer holds the partition lease."""
+
+
+class RedisFullError(WakefulError, MemoryError):
+    """Redis refused a write because it is at its ``maxmemory`` (policy ``noeviction``).
+
+    Nothing of the refused call was written (a script's first write is the one
+    refused, see ``lua.py``); retry once memory is freed or ``maxmemory`` raised."""
+
+    def __init__(self, detail: str = "") -> None:
+        self.detail = detail
+        super().__init__(
+            "Redis is full: it refused the write because it reached its maxmemory limit "
+            "(nothing was written; free memory or raise maxmemory, then retry)"
+            + (f" [{detail}]" if detail else "")
+        )
 
 
 class ConfigError(WakefulError, ValueError):

@@ -442,6 +442,20 @@ class UndecodableRecord(msgspec.Struct, frozen=True):
     raw: bytes
 
 
+class TrimmedRecord(msgspec.Struct, frozen=True):
+    """A reader asked for history that log retention trimmed: every entry up to and
+    including ``id`` is gone from Redis (an exporter may hold it, see retention.py).
+    The records after this one continue after ``id``; ``after`` is where the reader was.
+    Never stored: readers yield it in place of the missing range, never a silent jump."""
+
+    id: str
+    after: str
+
+    @property
+    def message(self) -> str:
+        return f"history up to {self.id} was trimmed (log retention); continuing after it"
+
+
 def encode_event(
     event: Event,
     *,

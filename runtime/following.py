@@ -15,7 +15,7 @@ from typing import Any
 
 from .entity_reads import EntityReads
 from .errors import EventDecodeError
-from .events import LogRecord, UndecodableRecord, decode_entry
+from .events import LogRecord, TrimmedRecord, UndecodableRecord, decode_entry
 from .live import LiveRecord, decode_live
 from .store import TRANSIENT_ERRORS
 from .streamids import ZERO, id_gt
@@ -25,7 +25,7 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff of a follower whose connection 
 log = logging.getLogger("wakeful.following")
 _LOG, _LIVE = "log", "live"  # the two streams of an entity
 
-Record = LogRecord | UndecodableRecord | LiveRecord
+Record = LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord
 
 
 async def follow_entity(
@@ -46,6 +46,12 @@ async def follow_entity(
     while True:
         _stop_if_cancelled()
         try:
+            # Entries before the reader's position may have been trimmed (at the start,
+            # or while it lagged): say so, never jump over them silently.
+            trimmed = await store.trimmed_upto(url)
+            if trimmed is not None and id_gt(trimmed, log_at):
+                yield TrimmedRecord(trimmed, log_at)
+                log_at = trimmed
             batch = await store.read_entity(url, log_at, live_at, None, READ_COUNT)
             if batch is None and follow:
                 _stop_if_cancelled()

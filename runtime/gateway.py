@@ -35,8 +35,8 @@ Status codes: 400 malformed request (input is parsed strictly: http_input.py),
 401 not authenticated, 403 not allowed, 404 unknown type or entity, 409
 conflict (other args, action not pending), 413 body or payload too large, 415 a
 body that is not sent as application/json, 421 a ``Host`` not allowed, 422 a
-value fails its schema, 503 too many open event streams (with ``Retry-After``).
-A request that fails writes nothing.
+value fails its schema, 503 too many open event streams (with ``Retry-After``),
+507 Redis is full (at its ``maxmemory``). A request that fails writes nothing.
 """
 
 from __future__ import annotations
@@ -85,10 +85,11 @@ from .errors import (
     InvalidUrlError,
     OwnerChangedError,
     PayloadTooLargeError,
+    RedisFullError,
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import LogRecord, UndecodableRecord, client_view
+from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view
 from .http_input import query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .live import LiveRecord
@@ -119,6 +120,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (OwnerChangedError, 409),  # the owner kept changing while the request was checked
     (InvalidArgsError, 422),
     (InvalidScheduleError, 422),
+    (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
     (WakefulError, 400),
 ]
 
@@ -553,6 +555,9 @@ async def _sse(
                 continue
             kind = str(type(event).__struct_config__.tag)  # events' tags are str
             data = msgspec.to_builtins(event, enc_hook=_raw)
+        elif isinstance(record, TrimmedRecord):  # the range before it is gone: say so
+            log_pos = record.id
+            kind, data = "trimmed", {"upto": record.id, "message": record.message}
         else:
             assert isinstance(record, UndecodableRecord)
             log_pos = record.id

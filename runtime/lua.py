@@ -629,3 +629,52 @@ redis.call('XADD', bad, 'MAXLEN', '~', 10000, '*', 'kind', 'schedule', 'key', du
   'item', member, 'reason', reason, 'detail', detail, 'worker', worker)
 return 1
 """
+# Log retention: trim the entity's log of what its latest snapshot covers and nothing a
+# guarantee needs. Entries stay if they are after the snapshot's position or the cursor,
+# at or after an undelivered outbox, younger than the retention, among the newest `keep`,
+# or at or after `cap`; a parked (failed) entity keeps everything. With `dry` it only
+# says what would go (the exporter reads those entries first, then trims with cap).
+# meta.trimmed records the last entry trimmed, so readers before it get a marker.
+# -> {n trimmed, minid (entries before it go), last entry trimmed} | {-1} fenced
+TRIM = (
+    _ID_GT
+    + """
+local function after(id)  -- the smallest id after `id`
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms .. '-' .. (tonumber(seq) + 1)
+end
+local function earliest(a, b)
+  if id_gt(a, b) then return b end
+  return a
+end
+local lease = KEYS[1]                   -- the partition lease
+local log = KEYS[2]                     -- the entity's log
+local meta = KEYS[3]                    -- the entity's metadata hash
+local token = ARGV[1]                   -- the lease token this is fenced by
+local retention_ms = tonumber(ARGV[2])  -- entries younger than this stay
+local keep = tonumber(ARGV[3])          -- the newest this many entries stay
+local cap = ARGV[4]                     -- entries at or after this id stay ('' = no cap)
+local dry = ARGV[5] == '1'              -- only say what would go
+if redis.call('GET', lease) ~= token then return {-1} end
+local m = redis.call('HMGET', meta, 'status', 'snap_upto', 'cursor', 'out_done', 'out_last')
+local status, snap_upto, cursor, out_done, out_last = m[1], m[2], m[3], m[4] or '0-0', m[5]
+if not status or status == 'failed' or not snap_upto or not cursor then return {0, '', ''} end
+local minid = earliest(after(snap_upto), after(cursor))
+if id_gt(out_last, out_done) then minid = earliest(minid, after(out_done)) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+minid = earliest(minid, math.max(0, now - retention_ms) .. '-0')
+if cap ~= '' then minid = earliest(minid, cap) end
+if keep > 0 then
+  local newest = redis.call('XREVRANGE', log, '+', '-', 'COUNT', keep)
+  if #newest < keep then return {0, '', ''} end
+  minid = earliest(minid, newest[#newest][1])
+end
+local last = redis.call('XREVRANGE', log, '(' .. minid, '-', 'COUNT', 1)
+if #last == 0 then return {0, '', ''} end
+if dry then return {0, minid, last[1][1]} end
+local n = redis.call('XTRIM', log, 'MINID', minid)
+redis.call('HSET', meta, 'trimmed', last[1][1])
+return {n, minid, last[1][1]}
+"""
+)

@@ -120,6 +120,7 @@ OPENAPI: dict[str, Any] = {
                 409,
                 413,
                 422,
+                507,
                 body={"type": "object", "properties": {"args": {}, "message": {}}},
             ),
         },
@@ -133,6 +134,7 @@ OPENAPI: dict[str, Any] = {
                 409,  # the entity's owner kept changing while the request was checked
                 413,
                 422,
+                507,  # Redis is full (at its maxmemory): nothing was written
                 body={
                     "type": "object",
                     "required": ["payload"],

@@ -40,6 +40,7 @@ from .failures import Parking, first_unit
 from .fold import Rebuilt, check_skipped, initial_state, rebuild
 from .live import LivePublisher
 from .registry import EntityType, Registry
+from .retention import Retention
 from .run_owner import split_inputs
 from .scope import CURRENT_TOOL_CALL
 from .services import HandlerServices
@@ -85,6 +86,7 @@ class WakePipeline:
         stats: dict[str, int],
         fault: Callable[[str], None],
         done: Callable[[WakeTicket], None],
+        retention: Retention,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -96,6 +98,7 @@ class WakePipeline:
         self._fault = fault
         self._done = done  # the ticket's pointers are acknowledged (or given up)
         self.parking = Parking(store, settings, delivery, cache, done)
+        self.retention = retention
 
     # -- load, rebuild, route --------------------------------------------------
 
@@ -346,6 +349,8 @@ class WakePipeline:
             self.cache.forget(ticket.url)
         self._done(ticket)
         await self.delivery.after_commit(ticket, batch, ids)
+        if snapshot:  # the log before it may go now (what no guarantee needs)
+            await self.retention.after_snapshot(ticket)
 
     # -- deletion --------------------------------------------------------------
 

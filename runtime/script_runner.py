@@ -11,10 +11,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from . import lua
 from .batching import AutoPipeline
+from .errors import RedisFullError
 from .keys import Keyspace
 
 
@@ -45,6 +46,7 @@ CRON_DELETE = Script(lua.CRON_DELETE)
 CRON_PURGE = Script(lua.CRON_PURGE)
 CRON_FIRE = Script(lua.CRON_FIRE)
 CRON_QUARANTINE = Script(lua.CRON_QUARANTINE)
+TRIM = Script(lua.TRIM)
 ALL_SCRIPTS = (
     SEND,
     LOAD,
@@ -56,6 +58,7 @@ ALL_SCRIPTS = (
     TOOL_DATA,
     RESUME,
     QUARANTINE,
+    TRIM,
     ACQUIRE,
     RENEW,
     RELEASE,
@@ -83,7 +86,13 @@ class ScriptRunner:
         await pipe.execute()
 
     async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a script through the auto-pipeline, reloading it after a Redis restart."""
+        """Run a script through the auto-pipeline, reloading it after a Redis restart.
+
+        A Redis at its ``maxmemory`` (``noeviction``) refuses the script's first write
+        that could grow memory, before anything of it is written (the scripts carry no
+        shebang flags, so Redis checks at each call, and once a script has written its
+        later writes go through: no script is half-applied). That refusal is raised as
+        :class:`RedisFullError`."""
 
         def stage(pipe: Pipeline) -> None:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -95,7 +104,11 @@ class ScriptRunner:
                 if attempt:
                     raise
                 await self.load_scripts()
+            except OutOfMemoryError as exc:
+                raise RedisFullError(str(exc)) from None
             except ResponseError as exc:
+                if str(exc).startswith("OOM "):
+                    raise RedisFullError(str(exc)) from None
                 if attempt or "NOSCRIPT" not in str(exc):
                     raise
                 await self.load_scripts()

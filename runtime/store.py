@@ -32,6 +32,7 @@ from .errors import (
     EntityGoneError,
     FencedError,
     OwnerChangedError,
+    RedisFullError,
     TargetMissingError,
 )
 from .keys import GROUP, Keyspace, identity_text
@@ -53,6 +54,7 @@ from .script_runner import (
     SEND,
     SETTLE,
     TOOL_DATA,
+    TRIM,
     Script,
 )
 
@@ -73,6 +75,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "SETTLE",
     "TOOL_DATA",
     "TRANSIENT_ERRORS",
+    "TRIM",
     "BadItem",
     "EntityGoneError",
     "EntityMeta",
@@ -93,11 +96,13 @@ __all__ = [  # the scripts too, for tests that run them one by one
 log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
 
-# Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too): callers retry later, nothing is lost.
+# Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too), or
+# full (at maxmemory, nothing written): callers retry later, nothing is lost.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
+    RedisFullError,
 )
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
@@ -109,6 +114,15 @@ class SendResult:
     id: str  # the last event appended (or the one an idempotency key found)
     created_id: str  # the entity's incarnation
     appended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """What a trim of an entity's log removed (or, dry, would remove)."""
+
+    count: int  # entries removed (0 when dry)
+    before: str  # entries before this id go ("" = none)
+    last: str  # the last entry that goes ("" = none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,14 +241,27 @@ class Store(EntityReads, ScheduleStore):
         Redis is still loading its dataset (after a restart) wait, saying so; with
         ``wait_for_redis`` (a worker) also while Redis cannot be reached."""
         await self._until_loaded(wait_for_redis)
-        await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
+        # Read first: a client of a full Redis (at maxmemory) starts without a write.
         stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
+        if not stored:
+            await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
+            stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
         if stored != self.keys.partitions:
             raise ConfigError(
                 f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
+
+    async def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy``; None if it will not say (CONFIG is disabled or
+        not allowed, as on many managed services, or the embedded fakeredis)."""
+        try:
+            reply = cast("dict[Any, Any]", await self.redis.config_get("maxmemory-policy"))
+        except ResponseError:
+            return None
+        value = reply.get(b"maxmemory-policy", reply.get("maxmemory-policy"))
+        return as_str(value) if value is not None else None
 
     # -- inputs --------------------------------------------------------------
 
@@ -431,6 +458,30 @@ class Store(EntityReads, ScheduleStore):
         if int(reply) == 2:
             self._notice_refused(url, "deletion")
         return int(reply) in (1, 2)
+
+    async def trim_log(
+        self,
+        url: str,
+        token: str,
+        *,
+        retention_ms: int,
+        keep: int,
+        cap: str = "",
+        dry: bool = False,
+    ) -> Trimmed:
+        """Fenced: trim the entity's log of the entries its snapshot covers and no
+        guarantee needs (the TRIM script says which). With ``dry`` only say which would
+        go; ``cap`` keeps every entry at or after it (the exporter has those before)."""
+        k = self.keys
+        p = k.partition(url)
+        reply = await self._run(
+            TRIM,
+            [k.lease(p), k.log(url), k.meta(url)],
+            [token, retention_ms, keep, cap, "1" if dry else "0"],
+        )
+        if int(reply[0]) == -1:
+            raise FencedError(f"trim of {url} refused: lease {token} of partition {p} is lost")
+        return Trimmed(int(reply[0]), as_str(reply[1]), as_str(reply[2]))
 
     # -- timers --------------------------------------------------------------
 

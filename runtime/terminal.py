@@ -30,6 +30,7 @@ from .events import (
     ToolData,
     ToolIntent,
     ToolOutcome,
+    TrimmedRecord,
     UndecodableRecord,
 )
 from .live import LiveRecord
@@ -128,8 +129,10 @@ def actions_table(actions: list[ActionRequested]) -> Table:
     return table
 
 
-def event_line(record: LogRecord | UndecodableRecord | LiveRecord) -> str:
+def event_line(record: LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord) -> str:
     """One line of ``wakeful tail``: id, kind, fields (as Rich markup)."""
+    if isinstance(record, TrimmedRecord):
+        return f"[dim]{record.id}[/]  [bold yellow]{'TRIMMED':<16}[/] {escape(record.message)}"
     if isinstance(record, UndecodableRecord):
         return f"[dim]{record.id}[/]  [bold red]UNDECODABLE[/]  {escape(record.error)}"
     if isinstance(record, LiveRecord):
@@ -163,9 +166,11 @@ class ReplyPrinter:
         self.last_run: RunFinished | None = None
         self.failure: str | None = None
 
-    def handle(self, record: LogRecord | UndecodableRecord | LiveRecord) -> None:
+    def handle(self, record: LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord) -> None:
         if isinstance(record, LiveRecord):
             self._live(record)
+        elif isinstance(record, TrimmedRecord):
+            self._note(f"[yellow]{escape(record.message)}[/]")
         elif isinstance(record, UndecodableRecord):
             self._note(f"[red]event {record.id} could not be decoded: {escape(record.error)}[/]")
         else:

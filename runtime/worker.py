@@ -37,6 +37,7 @@ from .leases import Lease, LeaseKeeper
 from .listeners import Listeners
 from .pipeline import WakePipeline
 from .registry import Registry
+from .retention import Exporter, JsonlExporter, Retention
 from .runners import Runners
 from .services import HandlerServices
 from .store import Store
@@ -56,6 +57,7 @@ class Worker:
         *,
         worker_id: str | None = None,
         capabilities: list[Capability[Any]] | None = None,
+        archive: Exporter | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -93,6 +95,7 @@ class Worker:
             stats=self.stats,
             fault=self._fault,
             done=self.runners.done,
+            retention=Retention(store, settings, _exporter(settings, archive), self._fault),
         )
         # Lease renewal never queues behind the runners' commands: its own two connections.
         self._lease_redis = dedicated(store.redis, LEASE_CONNECTIONS)
@@ -146,6 +149,14 @@ class Worker:
                 "(@registry.entity(...)) before starting a worker"
             )
         await self.store.setup(wait_for_redis=True)
+        policy = await self.store.eviction_policy()
+        if policy not in (None, "noeviction"):
+            log.warning(
+                "Redis runs with maxmemory-policy %s: at maxmemory it may evict Wakeful's "
+                "keys (logs, metadata, leases) and lose entities' state; set it to "
+                "noeviction, so that a full Redis refuses writes instead",
+                policy,
+            )
         await self.store.publish_types(
             {t.name: msgspec.json.encode(t.manifest()) for t in self.registry}
         )
@@ -217,3 +228,11 @@ class Worker:
             await self.services.release_capabilities(url)
         except Exception:  # a failing cleanup must not stop the worker
             log.exception("worker %s: releasing the capabilities of %s failed", self.id, url)
+
+
+def _exporter(settings: Settings, archive: Exporter | None) -> Exporter | None:
+    """The exporter of trimmed log entries: the one given, else JSON Lines files in
+    ``settings.archive_dir`` if set, else none."""
+    if archive is not None:
+        return archive
+    return JsonlExporter(settings.archive_dir) if settings.archive_dir else None

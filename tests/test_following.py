@@ -157,6 +157,9 @@ async def test_a_follower_whose_read_swallows_the_cancel_still_stops():
         async def newest_live_id(self, url: str) -> str:
             return "0-0"
 
+        async def trimmed_upto(self, url: str) -> None:
+            return None
+
         async def read_entity(self, *args: object) -> None:
             reading.set()
             # What a swallowed cancellation looks like: the read returns normally.

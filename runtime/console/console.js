@@ -405,6 +405,9 @@ function onDurable(kind, event) {
     case "undecodable":
       addNote(`an event could not be decoded: ${event.error}`, true);
       break;
+    case "trimmed": // log retention removed the history before this point
+      addNote(`earlier history (up to ${event.upto}) was trimmed from Redis by log retention`);
+      break;
     default:
       break; // bookkeeping events (state, outbox, timers, ...) show in the side panels
   }
