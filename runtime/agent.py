@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from . import tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
 from .errors import ModelError, ToolBugError, WakeInterrupted
@@ -129,6 +130,7 @@ class Agent(ToolCalls):
             )
         return None
 
+    @tracing.agent_run
     async def run(self) -> RunResult:
         run_id = await self._take_inputs()
         if run_id is None:
@@ -215,6 +217,7 @@ class Agent(ToolCalls):
         done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
         return all(b["id"] in done for b in tool_uses(step.content))
 
+    @tracing.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         request = ModelRequest(
             model=self.model.name,

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 from redis.asyncio import Redis
 
+from . import tracing
 from .actions import (
     Authorizer,
     check_client_tools,
@@ -240,26 +241,30 @@ class Runtime(PendingActions):
         parsed = parse_url(url)
         await self._check_type(parsed.type)
         limit = self.settings.max_event_bytes
-        message = encode_event(
-            Message(
-                payload=payload,
-                sender=sender,
-                identity=identity,
-                client_data=client_data,
+        with tracing.send_span(url) as trace:
+            message = encode_event(
+                Message(
+                    payload=payload,
+                    sender=sender,
+                    identity=identity,
+                    client_data=client_data,
+                    idempotency_key=idempotency_key,
+                    client_tools=(
+                        check_client_tools(client_tools) if client_tools is not None else None
+                    ),
+                    trace=trace,
+                ),
+                limit=limit,
+                what=f"message to {url}",
+            )
+            result = await self._store.append_input(
+                url,
+                parsed.type,
+                created=encode_event(Created(type=parsed.type, trace=trace), limit=limit),
+                events=[("i", message)],
+                args=pack(None),
                 idempotency_key=idempotency_key,
-                client_tools=check_client_tools(client_tools) if client_tools is not None else None,
-            ),
-            limit=limit,
-            what=f"message to {url}",
-        )
-        result = await self._store.append_input(
-            url,
-            parsed.type,
-            created=encode_event(Created(type=parsed.type), limit=limit),
-            events=[("i", message)],
-            args=pack(None),
-            idempotency_key=idempotency_key,
-        )
+            )
         return result.id
 
     async def create(
@@ -289,31 +294,35 @@ class Runtime(PendingActions):
         else:
             args = msgspec.to_builtins(args)
         limit = self.settings.max_event_bytes
-        message = None
-        if initial_message is not None:
-            message = encode_event(
-                Message(
-                    payload=initial_message,
-                    sender=parent,
-                    identity=identity,
-                    client_data=client_data,
-                    idempotency_key=idempotency_key,
+        with tracing.send_span(url, "create") as trace:
+            message = None
+            if initial_message is not None:
+                message = encode_event(
+                    Message(
+                        payload=initial_message,
+                        sender=parent,
+                        identity=identity,
+                        client_data=client_data,
+                        idempotency_key=idempotency_key,
+                        trace=trace,
+                    ),
+                    limit=limit,
+                    what=f"initial message to {url}",
+                )
+            await self._store.append_input(
+                url,
+                type_name,
+                created=encode_event(
+                    Created(type=type_name, args=args, parent=parent, trace=trace),
+                    limit=limit,
+                    what="args",
                 ),
-                limit=limit,
-                what=f"initial message to {url}",
+                events=[("i", message)] if message is not None else [],
+                args=pack(args),
+                parent=parent or "",
+                mode="create",
+                idempotency_key=idempotency_key,
             )
-        await self._store.append_input(
-            url,
-            type_name,
-            created=encode_event(
-                Created(type=type_name, args=args, parent=parent), limit=limit, what="args"
-            ),
-            events=[("i", message)] if message is not None else [],
-            args=pack(args),
-            parent=parent or "",
-            mode="create",
-            idempotency_key=idempotency_key,
-        )
         return url
 
     async def cancel(self, url: str, reason: str = "cancelled by client") -> str:
@@ -339,14 +348,17 @@ class Runtime(PendingActions):
 
     async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
         parsed = parse_url(url)
+        tag = str(event.__struct_config__.tag)
         try:
-            result = await self._store.append_input(
-                url,
-                parsed.type,
-                created=b"",
-                events=[("i", encode_event(event, what=f"{event.__struct_config__.tag} of {url}"))],
-                mode="existing",
-            )
+            with tracing.send_span(url, tag) as trace:
+                event = msgspec.structs.replace(event, trace=trace)
+                result = await self._store.append_input(
+                    url,
+                    parsed.type,
+                    created=b"",
+                    events=[("i", encode_event(event, what=f"{tag} of {url}"))],
+                    mode="existing",
+                )
         except TargetMissingError:
             raise EntityNotFoundError(url) from None
         return result.id
