@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from . import tracing
+from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
 from .errors import ModelError, ToolBugError, WakeInterrupted
@@ -218,6 +218,7 @@ class Agent(ToolCalls):
         return all(b["id"] in done for b in tool_uses(step.content))
 
     @tracing.model_step
+    @metrics.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         request = ModelRequest(
             model=self.model.name,

@@ -32,6 +32,7 @@ from .connection import connect
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
+    NotFailedError,
     RunFailedError,
     RunSuspendedError,
     UnknownEntityTypeError,
@@ -367,7 +368,7 @@ class Runtime(PendingActions):
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
         moves the cursor past the inputs of the failure (dead-lettering them). Returns
         the ids of the inputs skipped (none without ``skip_failed``)."""
-        not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
+        not_failed = NotFailedError(url)
         meta = await self._entity_meta(url)
         if not meta.parked:
             raise not_failed

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from . import tracing
+from . import metrics, tracing
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
 from .events import (
@@ -119,6 +119,8 @@ class Delivery:
 
         await all_of([deliver_to(group) for group in by_target.values()])
         self.stats["effects_delivered"] += len(effects)
+        for effect in effects:
+            metrics.EFFECTS_DELIVERED.labels(effect.kind).inc()
         return failures
 
     async def _one(self, sender: str, effect: Effect) -> None:

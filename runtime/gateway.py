@@ -14,6 +14,8 @@ status code below):
     POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
                                                     header Idempotency-Key
     GET  /entities/{type}/{id}                      status
+    DELETE /entities/{type}/{id}                    delete (202; the worker deletes it)
+    POST /entities/{type}/{id}/resume               un-park a failed entity {skip_failed}
     GET  /entities/{type}/{id}/state                committed collections
     GET  /entities/{type}/{id}/children             spawned children and their last run
     GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0,
@@ -21,6 +23,10 @@ status code below):
     POST /entities/{type}/{id}/cancel               cancel the current run
     GET  /entities/{type}/{id}/actions              pending actions
     POST /entities/{type}/{id}/actions/{call}/{verb}  submit | fail | cancel | approve | deny
+    GET  /healthz, /readyz, /metrics                alive; ready (Redis, every partition
+                                                    leased); Prometheus text (health.py)
+
+An unknown route is a JSON 404, a wrong method a JSON 405 (with ``Allow``).
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
@@ -44,11 +50,13 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from . import health
 from .actions import (
     ActionError,
     ActionNotAuthorizedError,
@@ -64,6 +72,7 @@ from .errors import (
     InvalidEventError,
     InvalidPayloadError,
     InvalidUrlError,
+    NotFailedError,
     PayloadTooLargeError,
     UnknownEntityTypeError,
     WakefulError,
@@ -101,6 +110,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidEventError, 400),  # a field of the wrong type (nothing was written)
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
+    (NotFailedError, 409),
     (InvalidArgsError, 422),
     (WakefulError, 400),
 ]
@@ -329,7 +339,23 @@ def create_app(
         return JSONResponse(await runtime.state(url))
 
     async def entity_root(request: Request) -> Response:
-        return await (create if request.method == "POST" else status)(request)
+        return await {"POST": create, "DELETE": delete}.get(request.method, status)(request)
+
+    @endpoint
+    async def delete(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        await runtime.status(url)  # 404 for a missing entity
+        await runtime.delete(url, wait=False)
+        return JSONResponse({"url": url, "deleting": True}, status_code=202)
+
+    @endpoint
+    async def resume(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        skip_failed = (await body(request)).get("skip_failed", False)
+        if not isinstance(skip_failed, bool):
+            raise HTTPError(400, "BadField", "skip_failed must be true or false")
+        skipped = await runtime.resume(url, skip_failed=skip_failed)
+        return JSONResponse({"url": url, "resumed": True, "skipped": skipped})
 
     @endpoint
     async def listing(request: Request) -> Response:
@@ -425,14 +451,17 @@ def create_app(
 
     base = "/entities/{type}/{id}"
     return Starlette(
+        exception_handlers={StarletteHTTPException: _http_exception},
         routes=[
+            *health.routes(runtime),
             Route("/", console_root),
             Mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console"),
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
             Route("/workers", workers),
             Route("/entities/{type}", listing, methods=["GET"]),
-            Route(base, entity_root, methods=["GET", "POST"]),
+            Route(base, entity_root, methods=["GET", "POST", "DELETE"]),
+            Route(base + "/resume", resume, methods=["POST"]),
             Route(base + "/messages", send, methods=["POST"]),
             Route(base + "/state", state),
             Route(base + "/children", children),
@@ -440,7 +469,22 @@ def create_app(
             Route(base + "/cancel", cancel, methods=["POST"]),
             Route(base + "/actions", actions),
             Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
-        ]
+        ],
+    )
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route) and 405 (wrong method), as JSON errors."""
+    assert isinstance(exc, StarletteHTTPException)
+    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}},
+        status_code=exc.status_code,
+        headers=exc.headers,
     )
 
 

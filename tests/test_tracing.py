@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.faults import crash_and_recover
 from wakeful import Runtime, Settings, tracing
 from wakeful.entities import registry as entities_registry
 from wakeful.events import Created, Message, decode_entry
@@ -227,3 +228,44 @@ async def _until(condition: Any, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the spans did not arrive"
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("point", "hit"),
+    [
+        ("deliver:after-spawn", 1),  # the spawn is delivered again by the next worker
+        ("flush:before-commit", 4),  # the dispatch is in doubt and runs again
+    ],
+)
+async def test_a_trace_goes_on_after_a_worker_crash(cluster, spans, point, hit):
+    """The next worker continues the trace from the log: the retried wake and the
+    redelivered spawn are in the same tree as the send."""
+    await crash_and_recover(cluster, entities_registry, ASSISTANT, QUESTION, point, hit)
+
+    def finished() -> list[Node]:
+        return [_node(s) for s in spans.get_finished_spans()]
+
+    def parent_woken_by_child() -> bool:
+        nodes = finished()
+        by_id = {n.span_id: n for n in nodes}
+        return any(
+            n.name == "wakeful.wake"
+            and n.attributes["wakeful.entity"] == ASSISTANT
+            and n.parent_id in by_id
+            and by_id[n.parent_id].attributes.get("messaging.operation.name") == "notify"
+            for n in nodes
+        )
+
+    await _until(parent_woken_by_child)
+    nodes = finished()
+    root, by_id = _one_tree(nodes)
+    parent_wakes = [
+        n for n in nodes if n.name == "wakeful.wake" and n.attributes["wakeful.entity"] == ASSISTANT
+    ]
+    assert len(parent_wakes) >= 3  # the crashed one, its retry, the child's result
+    child_wakes = [
+        n
+        for n in nodes
+        if n.name == "wakeful.wake" and "/researcher/" in n.attributes["wakeful.entity"]
+    ]
+    assert child_wakes and all(root in _ancestors(n, by_id) for n in child_wakes)
