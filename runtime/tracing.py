@@ -1,9 +1,9 @@
 """Tracing with OpenTelemetry: one trace follows a message through every entity it touches.
 
-Wakeful depends on the OpenTelemetry *API* only. Without an SDK installed and a
-tracer provider set by the application, every span here is the API's no-op
-span: starting one costs a context switch of a few microseconds and nothing is
-written to the log. With an SDK, the runtime makes these spans:
+Wakeful depends on the OpenTelemetry *API* only. Until the application sets a
+tracer provider (an SDK's), no span is started at all: each instrumented place
+costs one check of the global provider, and nothing is written to the log.
+With an SDK, the runtime makes these spans:
 
     wakeful.send        a client's send or create (PRODUCER)
     wakeful.wake        one activation of an entity (CONSUMER), child of the
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from opentelemetry import trace
@@ -41,17 +41,28 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 Carrier = dict[str, str]  # {"traceparent": ..., "tracestate": ...}: W3C trace context
 
 _w3c = TraceContextTextMapPropagator()
-_tracer: trace.Tracer = trace.get_tracer("wakeful")
+_global = trace.get_tracer("wakeful")  # a proxy: follows the provider set later, if any
+_override: trace.Tracer | None = None
+_NO_SPAN = nullcontext(trace.INVALID_SPAN)
+_NO_CARRIER: nullcontext[Carrier | None] = nullcontext(None)
 
 
 def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
     """Make Wakeful's spans with ``provider`` instead of the global one
     (``opentelemetry.trace.set_tracer_provider``, which can be set once per process);
     None goes back to the global provider. Tests use it to capture spans."""
-    global _tracer
-    source = provider if provider is not None else trace.get_tracer_provider()
-    # The global default is a proxy: its tracer follows a provider set later, if any.
-    _tracer = source.get_tracer("wakeful")
+    global _override
+    _override = provider.get_tracer("wakeful") if provider is not None else None
+
+
+def _active() -> trace.Tracer | None:
+    """The tracer to use, or None while no provider is set (the API's default proxy):
+    then no span is made at all, not even a no-op one."""
+    if _override is not None:
+        return _override
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return _global
 
 
 P = ParamSpec("P")
@@ -79,11 +90,16 @@ def context_of(trace_field: Mapping[str, str] | None) -> Context | None:
     return context
 
 
-@contextmanager
-def send_span(url: str, operation: str = "send") -> Iterator[Carrier | None]:
+def send_span(url: str, operation: str = "send") -> AbstractContextManager[Carrier | None]:
     """A client's send (or create, cancel, delete) to ``url``; yields the carrier
     to put in the event it appends."""
-    with _tracer.start_as_current_span(
+    tracer = _active()
+    return _NO_CARRIER if tracer is None else _send_span(tracer, url, operation)
+
+
+@contextmanager
+def _send_span(tracer: trace.Tracer, url: str, operation: str) -> Iterator[Carrier | None]:
+    with tracer.start_as_current_span(
         "wakeful.send",
         kind=SpanKind.PRODUCER,
         attributes={
@@ -96,14 +112,21 @@ def send_span(url: str, operation: str = "send") -> Iterator[Carrier | None]:
         yield carrier(span)
 
 
-@contextmanager
-def wake_span(url: str, inputs: Sequence[Any], attempt: int = 0) -> Iterator[Span]:
+def wake_span(url: str, inputs: Sequence[Any], attempt: int = 0) -> AbstractContextManager[Span]:
     """One activation of ``url`` on ``inputs`` (log records): the child of the first
     traced input's span, linked to the spans of the other traced inputs."""
+    tracer = _active()
+    return _NO_SPAN if tracer is None else _wake_span(tracer, url, inputs, attempt)
+
+
+@contextmanager
+def _wake_span(
+    tracer: trace.Tracer, url: str, inputs: Sequence[Any], attempt: int
+) -> Iterator[Span]:
     contexts = [c for c in (context_of(getattr(r.event, "trace", None)) for r in inputs) if c]
     parent = contexts[0] if contexts else None
     links = [Link(trace.get_current_span(c).get_span_context()) for c in contexts[1:]]
-    with _tracer.start_as_current_span(
+    with tracer.start_as_current_span(
         "wakeful.wake",
         context=parent,
         kind=SpanKind.CONSUMER,
@@ -121,20 +144,32 @@ def wake_span(url: str, inputs: Sequence[Any], attempt: int = 0) -> Iterator[Spa
         yield span
 
 
-@contextmanager
-def handler_span(url: str, type_name: str) -> Iterator[Span]:
+def handler_span(url: str, type_name: str) -> AbstractContextManager[Span]:
     """The entity type's handler, inside its wake."""
-    with _tracer.start_as_current_span(
+    tracer = _active()
+    if tracer is None:
+        return _NO_SPAN
+    return tracer.start_as_current_span(
         "wakeful.handler", attributes={"wakeful.entity": url, "wakeful.type": type_name}
-    ) as span:
-        yield span
+    )
 
 
-@contextmanager
-def deliver_span(sender: str, kind: str, target: str, trace_field: Any) -> Iterator[Carrier | None]:
+def deliver_span(
+    sender: str, kind: str, target: str, trace_field: Any
+) -> AbstractContextManager[Carrier | None]:
     """Delivering one effect, in the trace of the span that made it; yields the
     carrier for the event the delivery appends to ``target``."""
-    with _tracer.start_as_current_span(
+    tracer = _active()
+    return (
+        _NO_CARRIER if tracer is None else _deliver_span(tracer, sender, kind, target, trace_field)
+    )
+
+
+@contextmanager
+def _deliver_span(
+    tracer: trace.Tracer, sender: str, kind: str, target: str, trace_field: Any
+) -> Iterator[Carrier | None]:
+    with tracer.start_as_current_span(
         "wakeful.deliver",
         context=context_of(trace_field),
         kind=SpanKind.PRODUCER,
@@ -159,8 +194,11 @@ def agent_run(
 
     @functools.wraps(method)
     async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
         url = self.wake.entity_url
-        with _tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"invoke_agent {url}",
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
@@ -189,8 +227,11 @@ def model_step(
 
     @functools.wraps(method)
     async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
         model = self.model.name
-        with _tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"chat {model}",
             kind=SpanKind.CLIENT,
             attributes={
@@ -222,9 +263,12 @@ def tool_call(
 
     @functools.wraps(method)
     async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
         call: Any = args[1]
         tool: Any = args[2]
-        with _tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"execute_tool {tool.name}",
             attributes={
                 "gen_ai.operation.name": "execute_tool",
