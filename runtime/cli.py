@@ -109,6 +109,7 @@ async def _worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.redis_url is None:
         raise WakefulError("wakeful worker needs a Redis: pass --redis or set WAKEFUL_REDIS_URL")
+    metrics_socket = cli_admin.listen(args.metrics_host, args.metrics_port)
     rt = Runtime(registry, settings=settings, run_worker=True)
     with err.status(f"starting a worker on {settings.redis_url}"):
         await rt.start()
@@ -123,7 +124,7 @@ async def _worker(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"worker {rt.worker.id} running {', '.join(registry.names())}", flush=True)
     # Until a signal, or until the worker dies on its own (rt.close() raises its error).
-    async with cli_admin.metrics_server(rt, args.metrics_host, args.metrics_port):
+    async with cli_admin.metrics_server(rt, metrics_socket):
         await first_of(stop.wait(), rt.worker.stopped.wait())
     if stop.is_set():
         print("shutting down: finishing running wakes", flush=True)

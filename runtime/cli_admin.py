@@ -28,23 +28,32 @@ from .terminal import err, out
 from .urls import parse_url
 
 
-@asynccontextmanager
-async def metrics_server(rt: Runtime, host: str, port: int | None) -> AsyncIterator[None]:
-    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (no port: nothing)."""
+def listen(host: str, port: int | None) -> socket.socket | None:
+    """The socket for ``--metrics-port`` (None without one), bound before the worker
+    starts, so a port in use fails the command before it joins the keyspace."""
     if port is None:
-        yield
-        return
-    import uvicorn
-
+        return None
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # in use, not an address, not 0-65535
         sock.close()
         raise WakefulError(f"--metrics-port {port}: cannot listen on {host}: {exc}") from None
+    return sock
+
+
+@asynccontextmanager
+async def metrics_server(rt: Runtime, sock: socket.socket | None) -> AsyncIterator[None]:
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``sock`` (None: nothing)."""
+    if sock is None:
+        yield
+        return
+    import uvicorn
+
     server = uvicorn.Server(uvicorn.Config(health.app(rt), log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve(sockets=[sock]), name="wakeful-metrics")
+    host, port = sock.getsockname()[:2]
     print(f"metrics on http://{host}:{port}/metrics (and /healthz, /readyz)", flush=True)
     try:
         yield

@@ -300,3 +300,23 @@ def _workers(text: str) -> set[str]:
     return {
         dict(labels)["worker"] for name, labels in samples(text) if name == "wakeful_leases_held"
     }
+
+
+def test_a_metrics_port_in_use_fails_the_worker_before_it_starts(server_url, prefix):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
+        command = ["worker", "wakeful.entities:registry", "--redis", server_url]
+        done = subprocess.run(
+            [sys.executable, "-m", "wakeful.cli", *command, "--metrics-port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1" in done.stderr
+    assert "worker" not in done.stdout  # it never started
