@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import tracing
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
     ActionRequested,
@@ -225,6 +226,7 @@ class Activation:
     # -- effects -----------------------------------------------------------------
 
     def add_effect(self, effect: Effect) -> Effect:
+        effect.trace = effect.trace or tracing.carrier()  # the span it is made in
         # Encode now so an oversized or unencodable payload fails in the handler, at the call.
         encode_event(
             Outbox(effects=[effect]), limit=self.limit, what=f"{effect.kind} to {effect.target}"
@@ -269,7 +271,9 @@ class Activation:
                 batch.actions.append(event.tool_call_id)
         batch.closed_actions = take(self._closed, scope)
         effects = take(self._effects, scope)
-        effects.extend(self._notifications(finished, {op.collection for op in ops}))
+        for notice in self._notifications(finished, {op.collection for op in ops}):
+            notice.trace = tracing.carrier()  # the span of the commit that made it
+            effects.append(notice)
         immediate = [e for e in effects if not e.due_ms]
         if immediate:
             batch.outbox = Outbox(effects=immediate)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
 from .errors import ModelError, ToolBugError, ToolContractError, WakeInterrupted
@@ -154,6 +155,7 @@ class Agent(ToolCalls):
             self._client_tools.add(name)
         return None
 
+    @tracing.agent_run
     async def run(self) -> RunResult:
         run_id = await self._take_inputs()
         if run_id is None:
@@ -241,6 +243,8 @@ class Agent(ToolCalls):
         done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
         return all(b["id"] in done for b in tool_uses(step.content))
 
+    @tracing.model_step
+    @metrics.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         request = ModelRequest(
             model=self.model.name,

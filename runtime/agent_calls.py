@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from . import metrics, tracing
 from .activation import Activation
 from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult, content_blocks
 from .cancellation import CancelSignal
@@ -334,6 +335,8 @@ class ToolCalls:
             await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
         await self._race(all_of([self._execute(run_id, c, t, p) for c, t, p in to_run]))
 
+    @tracing.tool_call
+    @metrics.tool_call
     async def _execute(
         self, run_id: str, call: dict[str, Any], tool: AgentTool, params: Any
     ) -> None:
@@ -365,6 +368,8 @@ class ToolCalls:
                     )
             if not isinstance(result, ToolResult):
                 result = ToolResult(result)
+            tracing.tool_result(result.is_error)
+            metrics.tool_result(tool.name, result.is_error)
             await live.drain()
             await self._outcome(
                 run_id, call_id, name, result.content, result.is_error, result.details, tool.id

@@ -5,8 +5,11 @@
     wakeful serve APP                    the HTTP gateway and web console
     wakeful send URL TEXT                send a message, print its event id
     wakeful ask URL TEXT                 send a message and stream the reply
-    wakeful tail URL [-f] [--live]       the entity log (and live output), resumable
+    wakeful tail URL [-f] [--live]       the entity log as a transcript (and live output)
     wakeful export URL [-o FILE]         the entity's current log as JSON Lines
+    wakeful create URL [--args JSON]     create an entity (cancel, delete: end it)
+    wakeful state URL, history URL       its collections; its agent journal
+    wakeful submit URL CALL OUTPUT       answer a client tool call (fail: fail it)
     wakeful inspect URL                  status, lease, lag, state, children, actions
     wakeful ls [TYPE]                    entities (of a type) and their status
     wakeful pending URL                  tool calls waiting for a client or an approval
@@ -38,13 +41,13 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import msgspec
 import redis.exceptions
 
-from . import terminal
+from . import cli_admin, terminal, transcript
 from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, OK, UNREACHABLE, build_parser
 from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .cli_tokens import TOKENS_VAR, load_tokens
@@ -62,6 +65,7 @@ from .tasks import first_error, first_of
 from .terminal import err, out
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def load_registry(spec: str) -> Registry:
@@ -114,6 +118,7 @@ async def _worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.redis_url is None:
         raise WakefulError("wakeful worker needs a Redis: pass --redis or set WAKEFUL_REDIS_URL")
+    metrics_socket = cli_admin.listen(args.metrics_host, args.metrics_port)
     rt = Runtime(registry, settings=settings, run_worker=True)
     with err.status(f"starting a worker on {redact_url(settings.redis_url)}"):
         await rt.start()
@@ -128,7 +133,8 @@ async def _worker(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"worker {rt.worker.id} running {', '.join(registry.names())}", flush=True)
     # Until a signal, or until the worker dies on its own (rt.close() raises its error).
-    await first_of(stop.wait(), rt.worker.stopped.wait())
+    async with cli_admin.metrics_server(rt, metrics_socket):
+        await first_of(stop.wait(), rt.worker.stopped.wait())
     if stop.is_set():
         print("shutting down: finishing running wakes", flush=True)
     await rt.close()
@@ -291,26 +297,6 @@ async def _inspect(args: argparse.Namespace) -> int:
     return OK
 
 
-async def _bad(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        items = await rt.bad_items()
-    finally:
-        await rt.close()
-    if args.json:
-        terminal.print_json(items)
-    elif not items:
-        out.print("no wake pointers or timers were moved aside")
-    elif not out.is_terminal:
-        for i in items:
-            print("\t".join(i.get(k, "") for k in ("key", "kind", "item", "reason", "detail")))
-    else:
-        columns = ("key", "kind", "item", "reason", "detail", "worker")
-        rows = [{k: i.get(k, "") for k in columns} for i in items]
-        out.print(terminal.rows_table(f"Moved aside ({len(items)})", rows))
-    return OK
-
-
 async def _serving_worker(rt: Runtime, url: str) -> str:
     """The live worker serving ``url``'s partition, or why none does."""
     partition = rt.store.keys.partition(url) if rt.store is not None else 0
@@ -320,39 +306,6 @@ async def _serving_worker(rt: Runtime, url: str) -> str:
     if not await rt.workers():
         return f"none: no worker runs (partition {partition}); start `wakeful worker APP`"
     return f"none: no live worker holds partition {partition} yet"
-
-
-async def _workers(args: argparse.Namespace) -> int:
-    rt = await _client(args)
-    try:
-        workers = await rt.workers()
-        owners = await rt.partition_owners()
-    finally:
-        await rt.close()
-    unserved = [p for p, owner in owners.items() if owner is None]
-    if args.json:
-        terminal.print_json(
-            {"workers": [dataclasses.asdict(w) for w in workers], "unserved": unserved}
-        )
-        return OK
-    if not workers:
-        err.print("[yellow]no worker runs: start `wakeful worker APP`[/]")
-        out.print(f"no live worker; {len(unserved)} partition(s) without a worker")
-        return OK
-    rows = [
-        {
-            "worker": w.id,
-            "partitions": ",".join(map(str, w.partitions)) or "-",
-            "last heartbeat": f"{w.last_heartbeat_ms} ms ago",
-        }
-        for w in workers
-    ]
-    out.print(terminal.rows_table(f"Workers ({len(workers)})", rows))
-    if unserved:
-        out.print(f"partitions without a worker: {', '.join(map(str, unserved))}")
-    else:
-        out.print(f"every partition ({len(owners)}) has a worker")
-    return OK
 
 
 async def _ls(args: argparse.Namespace) -> int:
@@ -437,7 +390,8 @@ async def _tail(args: argparse.Namespace) -> int:
                             flush=True,
                         )
                     else:
-                        out.print(terminal.event_line(record))
+                        for line in transcript.lines(record):
+                            out.print(line)
                 return OK
             except redis.exceptions.ConnectionError as exc:
                 if not args.follow:
@@ -608,7 +562,20 @@ async def _schedules(args: argparse.Namespace) -> int:
     return OK
 
 
-COMMANDS = {
+def _admin(command: Callable[[Runtime, argparse.Namespace], Awaitable[int]]) -> Command:
+    """A command of cli_admin, given a connected client (closed after it)."""
+
+    async def run(args: argparse.Namespace) -> int:
+        rt = await _client(args)
+        try:
+            return await command(rt, args)
+        finally:
+            await rt.close()
+
+    return run
+
+
+COMMANDS: dict[str, Command] = {
     "demo": _demo,
     "worker": _worker,
     "serve": _serve,
@@ -618,14 +585,21 @@ COMMANDS = {
     "export": _export,
     "inspect": _inspect,
     "ls": _ls,
-    "workers": _workers,
+    "workers": _admin(cli_admin.workers),
     "pending": _pending,
     "approve": _approve,
     "deny": _deny,
     "skip": _skip,
     "set-data": _set_data,
     "resume": _resume,
-    "bad": _bad,
+    "create": _admin(cli_admin.create),
+    "cancel": _admin(cli_admin.cancel),
+    "delete": _admin(cli_admin.delete),
+    "state": _admin(cli_admin.state),
+    "history": _admin(cli_admin.history),
+    "submit": _admin(cli_admin.submit),
+    "fail": _admin(cli_admin.fail),
+    "bad": _admin(cli_admin.bad),
     "schedules": _schedules,
     "manifest": _manifest,
 }

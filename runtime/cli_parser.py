@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = command("worker", "run a worker", json=False)
     p.add_argument("app", help="registry to run, as module:attribute")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics, /healthz and /readyz on this port (default: not served)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="for --metrics-port")
     p = command(
         "serve", "serve entity URLs over HTTP, with the web console at /console/", json=False
     )
@@ -122,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idempotency-key")
     identity(p)
     follow_reply(p)
-    p = command("tail", "print the entity log; -f follows it, --live adds live output")
+    p = command(
+        "tail", "the entity log as a transcript (--json: raw); -f follows, --live adds live output"
+    )
     p.add_argument("url")
     p.add_argument("--after", help="start after this event id (resume)")
     p.add_argument("-f", "--follow", action="store_true", help="wait for new events")
@@ -170,6 +178,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("call", help="the tool call id (see wakeful pending)")
     p.add_argument("data", help="the tool data, as JSON")
+    p = command("create", "create an entity (get-or-create), optionally with a first message")
+    p.add_argument("url")
+    p.add_argument("--args", metavar="JSON", help="the entity's args, as JSON")
+    p.add_argument("--message", metavar="TEXT", help="a first message")
+    p.add_argument("--idempotency-key")
+    identity(p)
+    p = command("cancel", "cancel the entity's current run (and its children, per policy)")
+    p.add_argument("url")
+    p.add_argument("--reason", default="cancelled by the operator")
+    p = command("delete", "delete an entity (its run is cancelled, then every key removed)")
+    p.add_argument("url")
+    p.add_argument("--no-wait", action="store_true", help="do not wait for a worker to do it")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    p = command("state", "the entity's committed collections")
+    p.add_argument("url")
+    p = command("history", "the agent journal: user turns, steps, tool calls and results")
+    p.add_argument("url")
+    p = command("submit", "answer a client tool call with its output")
+    p.add_argument("url")
+    p.add_argument("call", help="the tool call id (see wakeful pending)")
+    p.add_argument("output", help="the output, as JSON")
+    identity(p)
+    p = command("fail", "fail a client tool call")
+    p.add_argument("url")
+    p.add_argument("call", help="the tool call id (see wakeful pending)")
+    p.add_argument("--error", default="failed by the operator")
     identity(p)
     command("bad", "wake pointers and timers the workers could not use and moved aside")
     p = command("resume", "un-park a failed entity")

@@ -16,8 +16,10 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+import msgspec
 from redis.asyncio import Redis
 
+from . import tracing
 from .actions import (
     Authorizer,
     check_client_tools,
@@ -32,6 +34,7 @@ from .connection import connect
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
+    NotFailedError,
     RunFailedError,
     RunSuspendedError,
     UnknownEntityTypeError,
@@ -264,34 +267,36 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         parsed = parse_url(url)
         await self._check_type(parsed.type)
         limit = self.settings.max_event_bytes
-        message = encode_event(
-            Message(
-                payload=payload,
-                sender=sender,
-                identity=identity,
-                client_data=client_data,
-                idempotency_key=idempotency_key,
-                client_tools=(
-                    check_client_tools(client_tools, self.settings)
-                    if client_tools is not None
-                    else None
+        with tracing.send_span(url) as trace:
+            message = encode_event(
+                Message(
+                    payload=payload,
+                    sender=sender,
+                    identity=identity,
+                    client_data=client_data,
+                    idempotency_key=idempotency_key,
+                    client_tools=(
+                        check_client_tools(client_tools, self.settings)
+                        if client_tools is not None
+                        else None
+                    ),
+                    trace=trace,
                 ),
-            ),
-            limit=limit,
-            what=f"message to {url}",
-            from_client=True,
-        )
-        result = await self._store.append_input(
-            url,
-            parsed.type,
-            created=encode_event(Created(type=parsed.type), limit=limit),
-            events=[("i", message)],
-            args=pack(None),
-            idempotency_key=idempotency_key,
-            idempotency_identity=identity,
-            owner=identity,
-            expect_owner=expect_owner,
-        )
+                limit=limit,
+                what=f"message to {url}",
+                from_client=True,
+            )
+            result = await self._store.append_input(
+                url,
+                parsed.type,
+                created=encode_event(Created(type=parsed.type, trace=trace), limit=limit),
+                events=[("i", message)],
+                args=pack(None),
+                idempotency_key=idempotency_key,
+                idempotency_identity=identity,
+                owner=identity,
+                expect_owner=expect_owner,
+            )
         return result.id
 
     async def create(
@@ -322,38 +327,40 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         if type_name in self.registry:
             args = self.registry.get(type_name).validate_args(args)
         limit = self.settings.max_event_bytes
-        message = None
-        if initial_message is not None:
-            message = encode_event(
-                Message(
-                    payload=initial_message,
-                    sender=parent,
-                    identity=identity,
-                    client_data=client_data,
-                    idempotency_key=idempotency_key,
+        with tracing.send_span(url, "create") as trace:
+            message = None
+            if initial_message is not None:
+                message = encode_event(
+                    Message(
+                        payload=initial_message,
+                        sender=parent,
+                        identity=identity,
+                        client_data=client_data,
+                        idempotency_key=idempotency_key,
+                        trace=trace,
+                    ),
+                    limit=limit,
+                    what=f"initial message to {url}",
+                    from_client=True,
+                )
+            await self._store.append_input(
+                url,
+                type_name,
+                created=encode_event(
+                    Created(type=type_name, args=args, parent=parent, trace=trace),
+                    limit=limit,
+                    what="args",
+                    from_client=True,
                 ),
-                limit=limit,
-                what=f"initial message to {url}",
-                from_client=True,
+                events=[("i", message)] if message is not None else [],
+                args=pack(args),
+                parent=parent or "",
+                mode="create",
+                idempotency_key=idempotency_key,
+                idempotency_identity=identity,
+                owner=identity,
+                expect_owner=expect_owner,
             )
-        await self._store.append_input(
-            url,
-            type_name,
-            created=encode_event(
-                Created(type=type_name, args=args, parent=parent),
-                limit=limit,
-                what="args",
-                from_client=True,
-            ),
-            events=[("i", message)] if message is not None else [],
-            args=pack(args),
-            parent=parent or "",
-            mode="create",
-            idempotency_key=idempotency_key,
-            idempotency_identity=identity,
-            owner=identity,
-            expect_owner=expect_owner,
-        )
         return url
 
     async def cancel(self, url: str, reason: str = "cancelled by client") -> str:
@@ -379,14 +386,17 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
 
     async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
         parsed = parse_url(url)
+        tag = str(event.__struct_config__.tag)
         try:
-            result = await self._store.append_input(
-                url,
-                parsed.type,
-                created=b"",
-                events=[("i", encode_event(event, what=f"{event.__struct_config__.tag} of {url}"))],
-                mode="existing",
-            )
+            with tracing.send_span(url, tag) as trace:
+                event = msgspec.structs.replace(event, trace=trace)
+                result = await self._store.append_input(
+                    url,
+                    parsed.type,
+                    created=b"",
+                    events=[("i", encode_event(event, what=f"{tag} of {url}"))],
+                    mode="existing",
+                )
         except TargetMissingError:
             raise EntityNotFoundError(url) from None
         return result.id
@@ -395,7 +405,7 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         """Un-park a failed entity. Its unprocessed inputs run again, unless ``skip_failed``
         moves the cursor past the inputs of the failure (dead-lettering them). Returns
         the ids of the inputs skipped (none without ``skip_failed``)."""
-        not_failed = WakefulError(f"entity {url} is not failed; nothing to resume")
+        not_failed = NotFailedError(url)
         meta = await self._entity_meta(url)
         if not meta.parked:
             raise not_failed

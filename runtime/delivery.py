@@ -19,6 +19,9 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgspec
+
+from . import metrics, tracing
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
 from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
 from .events import (
@@ -38,6 +41,7 @@ from .events import (
 from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
 from .tasks import all_of
 from .ticket import WakeTicket, commit
+from .tracing import Carrier
 
 log = logging.getLogger("wakeful.delivery")
 # Errors after which the outbox stays pending: the next activation delivers it again.
@@ -115,9 +119,16 @@ class Delivery:
 
         await all_of([deliver_to(group) for group in by_target.values()])
         self.stats["effects_delivered"] += len(effects)
+        for effect in effects:
+            metrics.EFFECTS_DELIVERED.labels(effect.kind).inc()
         return failures
 
     async def _one(self, sender: str, effect: Effect) -> None:
+        with tracing.deliver_span(sender, effect.kind, effect.target, effect.trace) as trace:
+            await self._deliver_one(sender, effect, trace)
+
+    async def _deliver_one(self, sender: str, effect: Effect, trace: Carrier | None) -> None:
+        """Append ``effect`` to its target; the events it appends carry ``trace``."""
         if effect.kind == "expire":  # a pending action's time is up (if still pending)
             expired = ActionSettled(
                 tool_call_id=effect.payload,
@@ -130,7 +141,7 @@ class Delivery:
             return
         target_type = effect.target.split("/")[1]
         created = encode_event(
-            Created(type=target_type, parent=None), limit=RUNTIME_EVENT_MAX_BYTES
+            Created(type=target_type, parent=None, trace=trace), limit=RUNTIME_EVENT_MAX_BYTES
         )
         events: list[tuple[str, bytes]] = []
         args = b""
@@ -139,7 +150,7 @@ class Delivery:
         if effect.kind == "spawn":
             mode, parent, args = "create", sender, pack(effect.args)
             created = encode_event(
-                Created(type=target_type, args=effect.args, parent=sender),
+                Created(type=target_type, args=effect.args, parent=sender, trace=trace),
                 limit=RUNTIME_EVENT_MAX_BYTES,
             )
             if effect.subscribe is not None:
@@ -154,7 +165,8 @@ class Delivery:
         elif effect.kind == "send":
             mode = "send"
         elif effect.notice is not None:  # notify, cancel
-            events.append((INPUT, encode_event(effect.notice, limit=RUNTIME_EVENT_MAX_BYTES)))
+            notice = msgspec.structs.replace(effect.notice, trace=trace)
+            events.append((INPUT, encode_event(notice, limit=RUNTIME_EVENT_MAX_BYTES)))
         if effect.has_payload:
             # On behalf of the run that sent it: the target's run (a spawned child's
             # first run) belongs to that identity, and so does a child it creates.
@@ -163,6 +175,7 @@ class Delivery:
                 sender=sender,
                 identity=effect.identity,
                 idempotency_key=effect.key,
+                trace=trace,
             )
             events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
         await self.store.append_input(

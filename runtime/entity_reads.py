@@ -14,6 +14,7 @@ from redis.asyncio.client import Pipeline
 from redis.typing import KeyT, StreamIdT
 
 from .connection import block_ms as block_ms_for
+from .keys import GROUP
 from .replies import EntityMeta, Entry, as_str, parse_identity, parse_meta, stream_entries
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
@@ -166,6 +167,27 @@ class EntityReads(ScriptRunner):
             p: as_str(value).rsplit(":", 1)[0] if value else None for p, value in enumerate(values)
         }
 
+    async def partition_counts(self) -> list[tuple[int, int, int, int]]:
+        """``(partition, pointers in the inbox, of them pending, timers)`` of each
+        partition (the metrics' gauges). An inbox without its group yet has none pending."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.xlen(self.keys.inbox(p))
+            pipe.xpending(self.keys.inbox(p), GROUP)
+            pipe.zcard(self.keys.timers(p))
+        replies = await pipe.execute(raise_on_error=False)
+        counts = []
+        for p in range(self.keys.partitions):
+            inbox, pending, timers = replies[3 * p : 3 * p + 3]
+            pending_count = pending.get("pending", 0) if isinstance(pending, dict) else 0
+            counts.append((p, _count(inbox), int(pending_count or 0), _count(timers)))
+        return counts
+
     async def published_type_names(self) -> list[str]:
         """Names of the types the workers published."""
         return [as_str(name) for name in await self.redis.hkeys(self.keys.types)]
+
+
+def _count(reply: Any) -> int:
+    """A count reply, or 0 for an error in its place (a missing key or group)."""
+    return int(reply) if isinstance(reply, int) else 0

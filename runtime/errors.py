@@ -23,6 +23,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- DuplicateKeyError (ValueError)
     |   |   +-- MissingKeyError (LookupError)
     |   +-- EntityNotFoundError (LookupError)
+    |   +-- NotFailedError                    resume of an entity that is not failed
     |   +-- ArgsConflictError (ValueError)
     |   +-- OwnerChangedError                 the owner an authoriser saw changed: nothing written
     |   +-- InvalidArgsError (ValueError)
@@ -170,6 +171,14 @@ class EntityNotFoundError(WakefulError, LookupError):
     def __init__(self, url: str) -> None:
         self.url = url
         super().__init__(f"entity {url} does not exist")
+
+
+class NotFailedError(WakefulError):
+    """``resume`` of an entity that is not failed (or was resumed by someone else)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"entity {url} is not failed; nothing to resume")
 
 
 class ArgsConflictError(WakefulError, ValueError):

@@ -47,6 +47,9 @@ class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
     is_input: ClassVar[bool] = False
     is_output: ClassVar[bool] = False
     v: int = 1
+    # The W3C trace context (traceparent, tracestate) of the span that wrote the event
+    # (tracing.py); absent when tracing is off, and in entries written before it existed.
+    trace: dict[str, str] | None = None
 
 
 # --- inputs -----------------------------------------------------------------
@@ -203,6 +206,7 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
     # spawned child is owned by it)
     identity: dict[str, str] | None = None
     due_ms: int = 0  # a durable timer: deliver at this time (epoch ms)
+    trace: dict[str, str] | None = None  # the span that made it (tracing.py)
 
 
 class Outbox(Event, tag="outbox"):

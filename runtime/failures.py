@@ -18,6 +18,7 @@ import logging
 import traceback
 from collections.abc import Callable
 
+from . import metrics
 from .activation import PLAIN, Activation, CommitBatch
 from .cache import WarmCache
 from .config import Settings
@@ -112,6 +113,7 @@ class Parking:
 
         ``batch`` is what parking itself commits (the failed run's end and its notices)."""
         log.error("entity %s failed: %s", ticket.url, error)
+        metrics.PARKED.inc()
         if batch is None:
             batch = CommitBatch()
         events = [(PLAIN, encode_event(failure, limit=RUNTIME_EVENT_MAX_BYTES))] if failure else []

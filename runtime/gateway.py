@@ -14,6 +14,8 @@ status code below):
     POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
                                                     header Idempotency-Key
     GET  /entities/{type}/{id}                      status
+    DELETE /entities/{type}/{id}                    delete (202; the worker deletes it)
+    POST /entities/{type}/{id}/resume               un-park a failed entity {skip_failed}
     GET  /entities/{type}/{id}/state                committed collections
     GET  /entities/{type}/{id}/children             spawned children and their last run
     GET  /entities/{type}/{id}/events               server-sent events (?live=1, ?follow=0,
@@ -25,6 +27,10 @@ status code below):
     GET  /entities/{type}/{id}/schedules            recurring schedules
     POST /entities/{type}/{id}/schedules            upsert {id, expression, timezone, payload}
     DELETE /entities/{type}/{id}/schedules/{schedule}  delete one
+    GET  /healthz, /readyz, /metrics                alive; ready (Redis, every partition
+                                                    leased); Prometheus text (health.py)
+
+An unknown route is a JSON 404, a wrong method a JSON 405 (with ``Allow``).
 
 Authentication turns a request into a trusted ``identity`` (``bearer_tokens``
 is an example); ``client_data`` from the body is passed on untrusted. An
@@ -51,12 +57,14 @@ from typing import Any
 import msgspec
 from starlette import responses
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from . import health
 from .actions import (
     ActionError,
     ActionNotAuthorizedError,
@@ -83,6 +91,7 @@ from .errors import (
     InvalidPayloadError,
     InvalidScheduleError,
     InvalidUrlError,
+    NotFailedError,
     OwnerChangedError,
     PayloadTooLargeError,
     RedisFullError,
@@ -118,6 +127,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidPayloadError, 422),
     (ArgsConflictError, 409),
     (OwnerChangedError, 409),  # the owner kept changing while the request was checked
+    (NotFailedError, 409),
     (InvalidArgsError, 422),
     (InvalidScheduleError, 422),
     (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
@@ -382,7 +392,23 @@ def create_app(
         return JSONResponse(await runtime.state(url))
 
     async def entity_root(request: Request) -> Response:
-        return await (create if request.method == "POST" else status)(request)
+        return await {"POST": create, "DELETE": delete}.get(request.method, status)(request)
+
+    @endpoint
+    async def delete(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        await runtime.status(url)  # 404 for a missing entity
+        await runtime.delete(url, wait=False)
+        return JSONResponse({"url": url, "deleting": True}, status_code=202)
+
+    @endpoint
+    async def resume(request: Request) -> Response:
+        url, _ = await entity(request, "write")
+        skip_failed = (await body(request)).get("skip_failed", False)
+        if not isinstance(skip_failed, bool):
+            raise HTTPError(400, "BadField", "skip_failed must be true or false")
+        skipped = await runtime.resume(url, skip_failed=skip_failed)
+        return JSONResponse({"url": url, "resumed": True, "skipped": skipped})
 
     @endpoint
     async def listing(request: Request) -> Response:
@@ -505,14 +531,17 @@ def create_app(
     guards = [] if allowed_hosts is None else [Middleware(HostAllowList, hosts=allowed_hosts)]
     return Starlette(
         middleware=guards,
+        exception_handlers={StarletteHTTPException: _http_exception},
         routes=[
+            *health.routes(runtime),
             Route("/", console_root),
             Mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console"),
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
             Route("/workers", workers),
             Route("/entities/{type}", listing, methods=["GET"]),
-            Route(base, entity_root, methods=["GET", "POST"]),
+            Route(base, entity_root, methods=["GET", "POST", "DELETE"]),
+            Route(base + "/resume", resume, methods=["POST"]),
             Route(base + "/messages", send, methods=["POST"]),
             Route(base + "/state", state),
             Route(base + "/children", children),
@@ -523,6 +552,21 @@ def create_app(
             Route(base + "/schedules", schedules, methods=["GET", "POST"]),
             Route(base + "/schedules/{schedule}", delete_schedule, methods=["DELETE"]),
         ],
+    )
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route) and 405 (wrong method), as JSON errors."""
+    assert isinstance(exc, StarletteHTTPException)
+    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}},
+        status_code=exc.status_code,
+        headers=exc.headers,
     )
 
 

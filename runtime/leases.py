@@ -27,6 +27,7 @@ from typing import Protocol
 
 import anyio
 
+from . import metrics
 from .config import Settings
 from .store import TRANSIENT_ERRORS, BadItem, Pointer, Store
 
@@ -195,6 +196,7 @@ class LeaseKeeper:
                 "worker %s: sweeping the inbox of partition %d failed", self.worker_id, partition
             )
             return
+        metrics.REDELIVERIES.inc(len(pointers))
         for pointer in pointers:
             if isinstance(pointer, BadItem):
                 await self.quarantine(pointer)

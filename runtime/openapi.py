@@ -52,6 +52,7 @@ def _op(
 
 
 _TEXT = {"type": "string"}
+_STATUS_JSON = {"description": "status", "content": {"application/json": {"schema": {}}}}
 _ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "submit",
@@ -109,8 +110,38 @@ OPENAPI: dict[str, Any] = {
                 "responses": {"200": {"description": "ok"}, "401": _ERROR},
             }
         },
+        "/healthz": {
+            "get": {
+                "summary": "The process is alive (and its worker, if any, has not stopped)",
+                "responses": {"200": _STATUS_JSON, "503": _STATUS_JSON},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Redis answers and every partition is leased by a live worker",
+                "responses": {"200": _STATUS_JSON, "503": _STATUS_JSON},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Metrics in the Prometheus text format",
+                "responses": {
+                    "200": {
+                        "description": "ok",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
         "/entities/{type}/{id}": {
             "get": _op("Entity status", 400, 401, 403, 404),
+            "delete": {
+                **_op("Delete an entity (its worker deletes it)", 400, 401, 403, 404),
+                "responses": {
+                    "202": {"description": "accepted"},
+                    **{str(c): _ERROR for c in (400, 401, 403, 404)},
+                },
+            },
             "post": _op(
                 "Create an entity (get-or-create)",
                 400,
@@ -198,6 +229,17 @@ OPENAPI: dict[str, Any] = {
                 403,
                 404,
                 body={"type": "object", "properties": {"reason": {"type": "string"}}},
+            )
+        },
+        "/entities/{type}/{id}/resume": {
+            "post": _op(
+                "Un-park a failed entity; skip_failed dead-letters the inputs of the failure",
+                400,
+                401,
+                403,
+                404,
+                409,
+                body={"type": "object", "properties": {"skip_failed": {"type": "boolean"}}},
             )
         },
         "/entities/{type}/{id}/actions": {"get": _op("Pending actions", 400, 401, 403, 404)},

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import tracing
 from .activation import INPUT, Activation, CommitBatch
 from .cache import Cached, WarmCache
 from .cancellation import CancelSignal
@@ -141,7 +142,8 @@ class WakePipeline:
         elif any(isinstance(r.event, DeleteRequested) for r in wake.inputs):
             await self._delete(wake)
         else:
-            await self._run(wake)
+            with tracing.wake_span(ticket.url, wake.inputs, meta.attempts):
+                await self._run(wake)
 
     async def _load(self, url: str) -> tuple[Loaded, Cached | None]:
         """The entity's metadata and log after the warm state (all of it if not warm)."""
@@ -236,7 +238,8 @@ class WakePipeline:
         ctx = self._context(wake, act, flush, live, resumed_upto, ticket.cancels.arm())
         self.stats["handler_calls"] += 1
         try:
-            await wake.entity_type.handler(ctx)
+            with tracing.handler_span(ticket.url, meta.type):
+                await wake.entity_type.handler(ctx)
             batch = act.take_commit()
         except _UNCOMMITTED:
             self.cache.forget(ticket.url)

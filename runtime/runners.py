@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from . import metrics
 from .cache import WarmCache
 from .config import Settings
 from .errors import FencedError
@@ -199,7 +200,8 @@ class Runners:
                     return
                 runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
                 ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
-                await self._activate(ticket)
+                with metrics.wake(pointer_ids):
+                    await self._activate(ticket)
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)

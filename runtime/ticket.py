@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metrics
 from .activation import CommitBatch
 from .cancellation import CancelSignal
 from .store import Store
@@ -80,18 +81,19 @@ async def commit(
     ``ack`` acknowledges the ticket's wake pointers; ``cursor`` moves the cursor
     past the inputs handled; ``fields`` set metadata. Returns the ids of the
     appended events, in order."""
-    return await store.commit(
-        ticket.url,
-        ticket.token,
-        events=batch.events,
-        cursor=cursor,
-        acks=ticket.pointer_ids if ack else [],
-        fields=fields,
-        created=ticket.created,
-        snapshot=snapshot,
-        snapshot_seen=snapshot_seen,
-        snapshot_out=snapshot_out,
-        timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
-        actions=batch.actions,
-        closed_actions=batch.closed_actions,
-    )
+    with metrics.commit():
+        return await store.commit(
+            ticket.url,
+            ticket.token,
+            events=batch.events,
+            cursor=cursor,
+            acks=ticket.pointer_ids if ack else [],
+            fields=fields,
+            created=ticket.created,
+            snapshot=snapshot,
+            snapshot_seen=snapshot_seen,
+            snapshot_out=snapshot_out,
+            timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
+            actions=batch.actions,
+            closed_actions=batch.closed_actions,
+        )

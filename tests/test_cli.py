@@ -92,7 +92,7 @@ async def worker(server_url: str, prefix: str):
 async def test_send_inspect_ls_and_tail(worker, server_url, prefix):
     sent = await run(server_url, prefix, "send", "/notes/cli", "add write tests", "--json")
     assert sent.returncode == 0, sent.stderr
-    event_id = json.loads(sent.stdout)["event_id"]
+    assert json.loads(sent.stdout)["event_id"].count("-") == 1  # a stream id
     await worker.wait_idle("/notes/cli")
 
     inspected = await run(server_url, prefix, "inspect", "/notes/cli", "--json")
@@ -116,8 +116,8 @@ async def test_send_inspect_ls_and_tail(worker, server_url, prefix):
     tail = await run(server_url, prefix, "tail", "/notes/cli")
     assert tail.returncode == 0
     lines = tail.stdout.splitlines()
-    assert any(line.startswith(event_id) and "msg" in line for line in lines)
-    assert any("state" in line for line in lines)
+    assert any("message" in line and "from a client: add write tests" in line for line in lines)
+    assert any("state" in line and "insert notes[1]" in line for line in lines)
 
 
 async def test_errors_are_reported_with_exit_code_1(worker, server_url, prefix):

@@ -1,0 +1,296 @@
+"""Tracing with OpenTelemetry: one trace follows a message through every entity it touches.
+
+Wakeful depends on the OpenTelemetry *API* only. Until the application sets a
+tracer provider (an SDK's), no span is started at all: each instrumented place
+costs one check of the global provider, and nothing is written to the log.
+With an SDK, the runtime makes these spans:
+
+    wakeful.send        a client's send or create (PRODUCER)
+    wakeful.wake        one activation of an entity (CONSUMER), child of the
+                        span that wrote its first traced input, linked to the others
+    wakeful.handler     the entity type's handler
+    invoke_agent        an agent run (GenAI semantic conventions)
+    chat {model}        one model step: gen_ai.request.model, gen_ai.usage.*,
+                        gen_ai.response.finish_reasons
+    execute_tool {name} one tool call: gen_ai.tool.name, gen_ai.tool.call.id
+    wakeful.deliver     one effect delivered to its target (PRODUCER)
+
+The trace context travels *inside* the log: an input event (``Message``,
+``Created``, ``ChildRunFinished``, ...) and an ``Effect`` carry an optional
+``trace`` field, the W3C ``traceparent`` (and ``tracestate``) of the span that
+wrote it. A wake continues the trace of its input, an effect records the span it
+was made in (the handler's, a tool call's), and its delivery hands its own
+context to the event it appends. So send -> wake -> spawn -> child run ->
+``run_finished`` -> parent wake is one trace, across worker processes and
+restarts (a retried wake continues the same trace). Entries written before this
+field existed, or while tracing was off, have no ``trace`` and start no trace.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+Carrier = dict[str, str]  # {"traceparent": ..., "tracestate": ...}: W3C trace context
+
+_w3c = TraceContextTextMapPropagator()
+_global = trace.get_tracer("wakeful")  # a proxy: follows the provider set later, if any
+_override: trace.Tracer | None = None
+_NO_SPAN = nullcontext(trace.INVALID_SPAN)
+_NO_CARRIER: nullcontext[Carrier | None] = nullcontext(None)
+
+
+def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Make Wakeful's spans with ``provider`` instead of the global one
+    (``opentelemetry.trace.set_tracer_provider``, which can be set once per process);
+    None goes back to the global provider. Tests use it to capture spans."""
+    global _override
+    _override = provider.get_tracer("wakeful") if provider is not None else None
+
+
+def _active() -> trace.Tracer | None:
+    """The tracer to use, or None while no provider is set (the API's default proxy):
+    then no span is made at all, not even a no-op one."""
+    if _override is not None:
+        return _override
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return _global
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def carrier(span: Span | None = None) -> Carrier | None:
+    """The W3C context of ``span`` (default: the current one), or None when no span
+    records (no SDK, or tracing off): then nothing is written to the log."""
+    span = span if span is not None else trace.get_current_span()
+    if not span.get_span_context().is_valid:
+        return None
+    out: Carrier = {}
+    _w3c.inject(out, context=trace.set_span_in_context(span))
+    return out or None
+
+
+def context_of(trace_field: Mapping[str, str] | None) -> Context | None:
+    """The context a ``trace`` field carries, or None (absent, or not a W3C context)."""
+    if not trace_field or not isinstance(trace_field, Mapping):
+        return None
+    context = _w3c.extract(dict(trace_field))
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        return None
+    return context
+
+
+def send_span(url: str, operation: str = "send") -> AbstractContextManager[Carrier | None]:
+    """A client's send (or create, cancel, delete) to ``url``; yields the carrier
+    to put in the event it appends."""
+    tracer = _active()
+    return _NO_CARRIER if tracer is None else _send_span(tracer, url, operation)
+
+
+@contextmanager
+def _send_span(tracer: trace.Tracer, url: str, operation: str) -> Iterator[Carrier | None]:
+    with tracer.start_as_current_span(
+        "wakeful.send",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "wakeful",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": operation,
+            "messaging.destination.name": url,
+        },
+    ) as span:
+        yield carrier(span)
+
+
+def wake_span(url: str, inputs: Sequence[Any], attempt: int = 0) -> AbstractContextManager[Span]:
+    """One activation of ``url`` on ``inputs`` (log records): the child of the first
+    traced input's span, linked to the spans of the other traced inputs."""
+    tracer = _active()
+    return _NO_SPAN if tracer is None else _wake_span(tracer, url, inputs, attempt)
+
+
+@contextmanager
+def _wake_span(
+    tracer: trace.Tracer, url: str, inputs: Sequence[Any], attempt: int
+) -> Iterator[Span]:
+    contexts = [c for c in (context_of(getattr(r.event, "trace", None)) for r in inputs) if c]
+    parent = contexts[0] if contexts else None
+    links = [Link(trace.get_current_span(c).get_span_context()) for c in contexts[1:]]
+    with tracer.start_as_current_span(
+        "wakeful.wake",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes={
+            "messaging.system": "wakeful",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": url,
+            "messaging.batch.message_count": len(inputs),
+            "wakeful.entity": url,
+            "wakeful.attempt": attempt + 1,
+            "wakeful.inputs": [r.id for r in inputs],
+        },
+    ) as span:
+        yield span
+
+
+def handler_span(url: str, type_name: str) -> AbstractContextManager[Span]:
+    """The entity type's handler, inside its wake."""
+    tracer = _active()
+    if tracer is None:
+        return _NO_SPAN
+    return tracer.start_as_current_span(
+        "wakeful.handler", attributes={"wakeful.entity": url, "wakeful.type": type_name}
+    )
+
+
+def deliver_span(
+    sender: str, kind: str, target: str, trace_field: Any
+) -> AbstractContextManager[Carrier | None]:
+    """Delivering one effect, in the trace of the span that made it; yields the
+    carrier for the event the delivery appends to ``target``."""
+    tracer = _active()
+    return (
+        _NO_CARRIER if tracer is None else _deliver_span(tracer, sender, kind, target, trace_field)
+    )
+
+
+@contextmanager
+def _deliver_span(
+    tracer: trace.Tracer, sender: str, kind: str, target: str, trace_field: Any
+) -> Iterator[Carrier | None]:
+    with tracer.start_as_current_span(
+        "wakeful.deliver",
+        context=context_of(trace_field),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "wakeful",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": kind,
+            "messaging.destination.name": target,
+            "wakeful.sender": sender,
+        },
+    ) as span:
+        yield carrier(span)
+
+
+# -- the agent loop (decorators: one line at each instrumented method) ----------------
+
+
+def agent_run(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """``Agent.run``: an ``invoke_agent`` span with the run's id, status and usage."""
+
+    @functools.wraps(method)
+    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
+        url = self.wake.entity_url
+        with tracer.start_as_current_span(
+            f"invoke_agent {url}",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": url,
+                "gen_ai.request.model": self.model.name,
+            },
+        ) as span:
+            result = await method(self, *args, **kwargs)
+            run: Any = result
+            if span.is_recording():
+                span.set_attribute("wakeful.run.status", run.status)
+                if run.run_id:
+                    span.set_attribute("wakeful.run.id", run.run_id)
+                if run.error:
+                    span.set_status(Status(StatusCode.ERROR, run.error))
+                _usage(span, run.usage)
+            return result
+
+    return traced
+
+
+def model_step(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """One model request of the loop (``Agent._step``): a ``chat {model}`` span."""
+
+    @functools.wraps(method)
+    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
+        model = self.model.name
+        with tracer.start_as_current_span(
+            f"chat {model}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": model,
+                "gen_ai.request.max_tokens": self.max_output_tokens,
+            },
+        ) as span:
+            try:
+                result = await method(self, *args, **kwargs)
+            except Exception as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                raise
+            response: Any = result
+            if span.is_recording():
+                if response.model:
+                    span.set_attribute("gen_ai.response.model", response.model)
+                span.set_attribute("gen_ai.response.finish_reasons", [response.stop_reason])
+                _usage(span, response.usage)
+            return result
+
+    return traced
+
+
+def tool_call(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """One tool's execution (``ToolCalls._execute(run_id, call, tool, params)``)."""
+
+    @functools.wraps(method)
+    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        tracer = _active()
+        if tracer is None:
+            return await method(self, *args, **kwargs)
+        call: Any = args[1]
+        tool: Any = args[2]
+        with tracer.start_as_current_span(
+            f"execute_tool {tool.name}",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool.name,
+                "gen_ai.tool.call.id": call["id"],
+            },
+        ):
+            return await method(self, *args, **kwargs)
+
+    return traced
+
+
+def tool_result(is_error: bool) -> None:
+    """The current tool call's result: an error result (the model sees it, the run
+    goes on) marks the span as failed."""
+    if is_error:
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(Status(StatusCode.ERROR, "the tool returned an error result"))
+
+
+def _usage(span: Span, usage: Any) -> None:
+    span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
