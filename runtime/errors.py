@@ -37,6 +37,8 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ClientToolsError (ValueError)
     |   +-- ModelError                        a model call failed (``retryable``)
     |   +-- ModelConfigError (ValueError)
+    |   +-- ContextConfigError (ValueError)   a bad context-management option of an agent
+    |   +-- ConversationError                 a conversation cannot be compacted or reset now
     |   +-- ToolContractError (TypeError)
     |   +-- ToolFailure                       a tool's planned failure (``ctx.fail``)
     |   +-- ToolBugError                      a tool broke: the run fails
@@ -262,6 +264,14 @@ class ModelError(WakefulError):
 
 class ModelConfigError(WakefulError, ValueError):
     """A model cannot be built: unknown name, missing API key."""
+
+
+class ContextConfigError(WakefulError, ValueError):
+    """An agent's context-management option (``context_window``, ...) is invalid."""
+
+
+class ConversationError(WakefulError):
+    """A conversation cannot be compacted or reset now (e.g. a run waits on a tool)."""
 
 
 # -- tools -------------------------------------------------------------------------------
