@@ -12,6 +12,7 @@
     wakeful approve URL CALL             approve a pending call (deny: refuse it)
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful bad                          pointers and timers the workers moved aside
+    wakeful compact URL | reset URL      shorten an agent's conversation (summary / none)
     wakeful manifest APP                 the registry's manifest as JSON
 
 The connection comes from ``--redis`` or ``WAKEFUL_REDIS_URL``; every other
@@ -486,6 +487,26 @@ async def _resume(args: argparse.Namespace) -> int:
     return OK
 
 
+async def _conversation(args: argparse.Namespace) -> int:
+    """``compact`` and ``reset``: ask the entity's agent, wait until it is idle."""
+    rt = await _client(args)
+    try:
+        if args.command == "compact":
+            done = await rt.compact(args.url, timeout=args.timeout)
+        else:
+            done = await rt.reset_conversation(args.url, timeout=args.timeout)
+    finally:
+        await rt.close()
+    verb = "compacted" if args.command == "compact" else "reset"
+    if args.json:
+        terminal.print_json({"url": args.url, verb: done})
+    elif done:
+        out.print(f"{verb} the conversation of {args.url}", markup=False)
+    else:
+        out.print(f"nothing to {args.command} in the conversation of {args.url}", markup=False)
+    return OK
+
+
 COMMANDS = {
     "demo": _demo,
     "worker": _worker,
@@ -500,6 +521,8 @@ COMMANDS = {
     "approve": _approve,
     "deny": _deny,
     "resume": _resume,
+    "compact": _conversation,
+    "reset": _conversation,
     "bad": _bad,
     "manifest": _manifest,
 }

@@ -104,6 +104,26 @@ def turns_in(events: list[HistoryEvent]) -> int:
     return count
 
 
+def reset_event(
+    history: list[HistoryEvent], open_run: str | None, reason: str = "requested"
+) -> ConversationCompacted | None:
+    """The event that drops every turn before the open run (all if none is open), or
+    None if there is none to drop."""
+    points = cuts(history, open_run, 0)
+    cut = points[-1] if points else 0
+    if cut == 0:
+        return None
+    replaced = history[:cut]
+    return ConversationCompacted(
+        mode="reset",
+        replaced=cut,
+        turns=turns_in(replaced),
+        reason=reason,
+        run_id=open_run,
+        taken_upto=taken_upto(replaced),
+    )
+
+
 class ContextKeeper:
     """The context management of one agent (one wake): the projection, the size
     estimate, and the compaction events it asks the agent to journal."""
@@ -192,7 +212,9 @@ class ContextKeeper:
         """The event that shortens ``history`` by ``mode`` (the policy's strategy by
         default), or None if nothing can be cut (only the open run is left)."""
         mode = mode or ("trim" if self.policy.strategy == "trim" else "compact")
-        keep = 0 if mode == "reset" else self.policy.keep_turns
+        if mode == "reset":
+            return reset_event(history, open_run, reason)
+        keep = self.policy.keep_turns
         points = cuts(history, open_run, keep)
         if not points:
             return None

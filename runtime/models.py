@@ -182,6 +182,23 @@ class AnthropicModel:
             model=message.model,
         )
 
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """The input tokens of ``request``, counted by the API (``messages.count_tokens``);
+        the agent asks only when its own estimate comes near its context budget."""
+        model = request.model or self.name
+        params = _stream_params(request, model)
+        params.pop("max_tokens", None)
+        try:
+            counted = await self.client.messages.count_tokens(**params)
+        except Exception as exc:
+            import anthropic
+            import httpx2
+
+            if not isinstance(exc, anthropic.APIError | httpx2.TransportError):
+                raise
+            raise _model_error(model, exc) from exc
+        return int(counted.input_tokens)
+
 
 def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
     """Messages API params with cache breakpoints, copied where marked.
@@ -267,6 +284,8 @@ class ScriptedModel:
     the turn), or a callable taking the request and returning either (it may be
     async, and may raise, e.g. a :class:`ModelError`, to simulate a failed call).
 
+    ``requests`` holds every request as it was sent (not a copy).
+
     Tool-use blocks with an empty id get ``toolu_{call}_{i}`` (call counts from 1,
     ``i`` is the block's position among the response's tool-use blocks), and a
     response without usage gets a rough estimate, so runs report real numbers.
@@ -291,8 +310,10 @@ class ScriptedModel:
     async def complete(
         self, request: ModelRequest, *, on_text: Callable[[str], None] | None = None
     ) -> ModelResponse:
-        # A snapshot: the agent loop goes on appending to the same message list.
-        self.requests.append(copy.deepcopy(request))
+        # Recorded as sent, not copied (a deep copy per call is quadratic over a long
+        # run): the agent loop hands out a new list each step and never changes a
+        # message it handed out (see history.Projection).
+        self.requests.append(request)
         call = len(self.requests)
         if callable(self._script):
             item: Any = self._script
