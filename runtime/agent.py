@@ -274,19 +274,17 @@ class Agent(ToolCalls):
 
         size = await self.context.over_limit(self._system.history, request)
         if size is not None:
-            await self._shorten(run_id, tools, reason="budget", size=size)
+            await self._shorten_for_step(run_id, tools, reason="budget", size=size)
         for attempt in (1, 2):
             self._check_lease()  # a zombie must not pay for a step the next owner makes
             try:
                 return await self._race(self.model.complete(request(), on_text=on_text))
             except ModelError as exc:
                 # Too long: shorten the conversation and try once more; else the run fails.
-                if (
-                    attempt == 1
-                    and is_prompt_too_long(exc.status_code, str(exc))
-                    and await self._shorten(run_id, tools, reason="prompt too long")
-                ):
-                    continue
+                if attempt == 1 and is_prompt_too_long(exc.status_code, str(exc)):
+                    self.context.learn(str(exc))
+                    if await self._shorten_for_step(run_id, tools, reason="prompt too long"):
+                        continue
                 if exc.retryable:
                     raise  # the wake is retried with backoff and resumes from the journal
                 raise _RunFailed(str(exc)) from exc
@@ -331,6 +329,18 @@ class Agent(ToolCalls):
         )
         await self._journal(event)
         return event
+
+    async def _shorten_for_step(
+        self, run_id: str, tools: list[dict[str, Any]], *, reason: str, size: int | None = None
+    ) -> ConversationCompacted | None:
+        """:meth:`_shorten` before a step: a summary the model refuses fails the run
+        (a transient failure retries the wake, which resumes here)."""
+        try:
+            return await self._shorten(run_id, tools, reason=reason, size=size)
+        except ModelError as exc:
+            if exc.retryable:
+                raise
+            raise _RunFailed(f"the conversation could not be compacted: {exc}") from exc
 
     async def compact_conversation(self, *, reason: str = "requested") -> bool:
         """Summarise the older turns now (the open run and the last ``keep_turns``

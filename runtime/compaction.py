@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .context_window import ContextPolicy, estimate_tokens
+from .context_window import ContextPolicy, estimate_tokens, is_prompt_too_long, refused_limit
 from .errors import ModelError
 from .events import AssistantStep, ConversationCompacted, HistoryEvent, ToolOutcome, UserTurn
 from .history import Projection, project
@@ -110,13 +110,12 @@ def reset_event(
     """The event that drops every turn before the open run (all if none is open), or
     None if there is none to drop."""
     points = cuts(history, open_run, 0)
-    cut = points[-1] if points else 0
-    if cut == 0:
-        return None
-    replaced = history[:cut]
+    replaced = history[: points[-1] if points else 0]
+    if all(isinstance(e, ConversationCompacted) and e.mode == "reset" for e in replaced):
+        return None  # nothing but an earlier reset
     return ConversationCompacted(
         mode="reset",
-        replaced=cut,
+        replaced=len(replaced),
         turns=turns_in(replaced),
         reason=reason,
         run_id=open_run,
@@ -142,6 +141,7 @@ class ContextKeeper:
         self.system_prompt = system_prompt
         self.max_output_tokens = max_output_tokens
         self._cache = cache if cache is not None else {}
+        self.learned: int | None = None  # the limit a "prompt is too long" answer named
 
     # -- the projection -------------------------------------------------------------
 
@@ -157,7 +157,16 @@ class ContextKeeper:
 
     @property
     def limit(self) -> int | None:
-        return self.policy.limit(self.max_output_tokens)
+        """The policy's limit, or the API's if it refused a request as too long."""
+        limits = [x for x in (self.policy.limit(self.max_output_tokens), self.learned) if x]
+        return min(limits) if limits else None
+
+    def learn(self, refusal: str) -> None:
+        """Take in the limit a "prompt is too long" answer names (what it allows for
+        input, less the output reserved), for the rest of this wake."""
+        allowed = refused_limit(refusal)
+        if allowed is not None:
+            self.learned = max(1, int(allowed * 0.9))
 
     def estimate(self, history: list[HistoryEvent], tools: list[dict[str, Any]]) -> int:
         """The request's size in tokens: the last step's usage (exact up to that step)
@@ -257,16 +266,40 @@ class ContextKeeper:
         """The model's summary of ``replaced``. What is too long to summarise in one
         request loses its oldest turns first (an earlier summary is always kept)."""
         events = list(replaced)
+        while True:
+            events = self._fitting(events, tools)
+            try:
+                response = await self._ask_summary(events, tools, race)
+            except ModelError as exc:
+                shorter = _without_oldest_turns(events)
+                if not is_prompt_too_long(exc.status_code, str(exc)) or shorter is None:
+                    raise
+                self.learn(str(exc))
+                events = shorter
+                continue
+            text = "".join(b.get("text", "") for b in response.content if b.get("type") == "text")
+            return text.strip() or "(the earlier conversation had nothing to keep)", response.usage
+
+    def _fitting(
+        self, events: list[HistoryEvent], tools: list[dict[str, Any]]
+    ) -> list[HistoryEvent]:
+        """``events`` without as many of their oldest turns as a summary request needs
+        to fit the limit."""
         limit = self.limit
-        while limit is not None and len(events) > 1:
+        while limit is not None:
             size = estimate_tokens(project(events)) + estimate_tokens(tools)
-            if size <= limit:
+            shorter = _without_oldest_turns(events, 1)
+            if size <= limit or shorter is None:
                 break
-            inner = [i for i in turn_starts(events) if i > 1]
-            if not inner:
-                break
-            head = events[:1] if isinstance(events[0], ConversationCompacted) else []
-            events = head + events[inner[0] :]
+            events = shorter
+        return events
+
+    async def _ask_summary(
+        self,
+        events: list[HistoryEvent],
+        tools: list[dict[str, Any]],
+        race: Callable[[Awaitable[Any]], Awaitable[Any]] | None,
+    ) -> Any:
         messages = project(events)
         ask = {"type": "text", "text": SUMMARY_REQUEST}
         if messages and messages[-1]["role"] == "user":
@@ -281,9 +314,20 @@ class ContextKeeper:
             max_tokens=min(self.max_output_tokens, 4096),
         )
         work = self.model.complete(request)
-        response = await (race(work) if race is not None else work)
-        text = "".join(b.get("text", "") for b in response.content if b.get("type") == "text")
-        return text.strip() or "(the earlier conversation had nothing to keep)", response.usage
+        return await (race(work) if race is not None else work)
+
+
+def _without_oldest_turns(
+    events: list[HistoryEvent], turns: int | None = None
+) -> list[HistoryEvent] | None:
+    """``events`` less their oldest ``turns`` turns (half of them by default), an
+    earlier summary kept; None if no turn can go."""
+    head = events[:1] if events and isinstance(events[0], ConversationCompacted) else []
+    inner = [i for i in turn_starts(events) if i > len(head)]
+    if not inner:
+        return None
+    drop = turns if turns is not None else max(1, (len(inner) + 1) // 2)
+    return head + events[inner[min(drop, len(inner)) - 1] :]
 
 
 def _event_tokens(event: HistoryEvent) -> int:

@@ -11,6 +11,7 @@ where the model has one).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -117,6 +118,15 @@ def estimate_tokens(value: Any) -> int:
     if isinstance(value, str):
         return len(value.encode()) // BYTES_PER_TOKEN + 1
     return len(msgspec.json.encode(value)) // BYTES_PER_TOKEN + 1
+
+
+_REFUSED = re.compile(r"(\d+) tokens > (\d+) maximum")
+
+
+def refused_limit(message: str) -> int | None:
+    """The input limit a "prompt is too long: N tokens > M maximum" answer names."""
+    match = _REFUSED.search(message)
+    return int(match.group(2)) if match else None
 
 
 def is_prompt_too_long(status_code: int | None, message: str) -> bool:
