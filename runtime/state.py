@@ -181,7 +181,7 @@ class EntityState:
     at or before ``applied``; everything else read is new and is folded.
     """
 
-    __slots__ = ("applied", "derived", "rows", "system")
+    __slots__ = ("applied", "derived", "nbytes", "rows", "system")
 
     def __init__(self, collections: dict[str, Collection[Any]] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
@@ -190,13 +190,18 @@ class EntityState:
         # Values derived from the state and kept with it between wakes of a warm
         # entity (the agent's projection of the conversation); never persisted.
         self.derived: dict[str, Any] = {}
+        # About how many bytes it holds: its snapshot's plus those of the events folded
+        # since (an over-estimate once a compaction drops some); bounds the warm cache.
+        self.nbytes = 0
 
-    def fold(self, entry_id: str, event: object) -> None:
-        """Apply one log entry read after the last read position, exactly once."""
+    def fold(self, entry_id: str, event: object, size: int = 0) -> None:
+        """Apply one log entry read after the last read position, exactly once
+        (``size``: its encoded bytes, counted in ``nbytes``)."""
         if getattr(event, "is_output", False):
             if not id_gt(entry_id, self.applied):
-                return  # already applied when it was written
+                return  # already applied when it was written (and counted then)
             self.applied = entry_id
+        self.nbytes += size
         self.apply_event(event)
 
     def apply(self, ops: list[Op]) -> None:
@@ -236,6 +241,7 @@ class EntityState:
             state.rows[name] = {key: bytes(raw) for key, raw in table.items()}
         state.system = snap.system
         state.applied = applied
+        state.nbytes = len(data)
         return state
 
     def to_builtins(self) -> dict[str, list[Any]]:

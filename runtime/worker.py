@@ -74,7 +74,7 @@ class Worker:
         self._scope: anyio.CancelScope | None = None
         self.services = HandlerServices(registry, store, capabilities or [], self._token)
         self.delivery = Delivery(store, self._fault, self.stats)
-        self.cache = WarmCache(settings.cache_size, self._evicted)
+        self.cache = WarmCache(settings.cache_size, self._evicted, settings.cache_max_bytes)
         self.runners = Runners(
             settings, self.id, self.cache, self.stats, self._token, self._wake, self._crashed
         )
