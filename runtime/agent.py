@@ -124,7 +124,20 @@ class Agent(ToolCalls):
     # -- journal helpers -----------------------------------------------------------
 
     def _run_history(self, run_id: str) -> list[Any]:
-        return [e for e in self._system.history if e.run_id == run_id]
+        """The journal events of run ``run_id``, in order.
+
+        A run's events are contiguous (one run is open at a time, and what arrives
+        while it is open joins it), and the runs asked about are the open one, at the
+        end: the scan goes back from the end and stops where the run starts, so it
+        costs the run's length, not the conversation's."""
+        history = self._system.history
+        start = len(history)
+        while start > 0:
+            event = history[start - 1]
+            if isinstance(event, ConversationCompacted) or event.run_id != run_id:
+                break
+            start -= 1
+        return history[start:]
 
     def add_tool(self, tool: AgentTool) -> None:
         if tool.name in self.tools:
@@ -137,8 +150,8 @@ class Agent(ToolCalls):
         snapshot = next(
             (
                 e.client_tools
-                for e in reversed(self._system.history)
-                if isinstance(e, UserTurn) and e.run_id == run_id and e.client_tools
+                for e in reversed(self._run_history(run_id))
+                if isinstance(e, UserTurn) and e.client_tools
             ),
             None,
         )
@@ -178,19 +191,9 @@ class Agent(ToolCalls):
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
         act = self.wake.activation
-        history = self._system.history
-        taken = {s for e in history if isinstance(e, UserTurn) for s in e.sources}
-        # Inputs a compaction replaced the turns of are taken too (ids only grow).
-        upto = (
-            history[0].taken_upto
-            if history and isinstance(history[0], ConversationCompacted)
-            else ""
-        )
-        fresh = [
-            r
-            for r in self.wake.inputs
-            if r.id not in taken and (not upto or id_gt(r.id, upto)) and render_input(r)
-        ]
+        fresh = [r for r in self.wake.inputs if render_input(r)]
+        if fresh:
+            fresh = [r for r in fresh if r.id not in self._taken(fresh[0].id)]
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
@@ -211,6 +214,26 @@ class Agent(ToolCalls):
                 )
             )
         return act.current_run
+
+    def _taken(self, first: str) -> set[str]:
+        """The ids of inputs at or after ``first`` the journal already took.
+
+        Inputs are taken in log order, so the scan goes back from the end only to the
+        first user turn that took nothing from ``first`` on. Inputs a compaction
+        replaced the turns of count as taken (every id up to its ``taken_upto``)."""
+        taken: set[str] = set()
+        for event in reversed(self._system.history):
+            if isinstance(event, ConversationCompacted):
+                if event.taken_upto and not id_gt(first, event.taken_upto):
+                    taken.update(
+                        r.id for r in self.wake.inputs if not id_gt(r.id, event.taken_upto)
+                    )
+                break
+            if isinstance(event, UserTurn) and event.sources:
+                if all(id_gt(first, source) for source in event.sources):
+                    break
+                taken.update(event.sources)
+        return taken
 
     async def _loop(self, run_id: str) -> RunResult:
         while True:
