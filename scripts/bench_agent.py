@@ -603,6 +603,9 @@ async def sweep_main(args: argparse.Namespace) -> int:
             while turns < checkpoint:
                 await rt.ask(url, f"turn {turns}", timeout=120)
                 turns += 1
+            if args.gc_freeze:  # as a long-running worker does once started (see --no-gc-freeze)
+                gc.collect()
+                gc.freeze()
             del timings[:]
             for _ in range(measured):
                 await rt.ask(url, f"turn {turns}", timeout=120)

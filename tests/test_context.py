@@ -340,3 +340,47 @@ def test_bad_context_options_are_named():
         ContextPolicy.build(MODEL, context_budget=2)
     assert ContextPolicy.build(MODEL).window == 200_000
     assert ContextPolicy.build("scripted").window is None
+
+
+async def test_each_step_projects_only_what_it_adds(cluster, monkeypatch):
+    # A warm entity's projection is kept between steps and wakes: a run takes in its
+    # own events, not the conversation again.
+    from wakeful.history import Projection
+
+    taken: list[int] = []
+    real = Projection._take
+
+    def counting(self: Projection, event: Any) -> None:
+        taken.append(1)
+        real(self, event)
+
+    monkeypatch.setattr(Projection, "_take", counting)
+    api = WindowedAPI(tool_every_turn=True)
+    rt = await cluster.runtime(chat_app(api, context_window=200_000))
+    url = "/chat/flat"
+    costs = []
+    for n in range(12):
+        del taken[:]
+        await rt.ask(url, f"turn {n}", timeout=30)
+        costs.append(len(taken))
+    # A run: its user turn, the tool step, the intent, the result, the text step.
+    assert costs[2:] == [5] * 10, costs
+
+
+async def test_scripted_model_requests_share_the_messages_they_resend(cluster):
+    from wakeful import ScriptedModel
+
+    model = ScriptedModel(lambda request: "ok")
+    reg = Registry()
+
+    @reg.entity("chat")
+    async def chat(ctx: HandlerContext) -> None:
+        ctx.use_agent("You chat.", model)
+        await ctx.agent.run()
+
+    rt = await cluster.runtime(reg)
+    for text in ("one", "two", "three"):
+        await rt.ask("/chat/shared", text)
+    first, _, third = model.requests
+    assert third.messages[0] is first.messages[0]  # not copied
+    assert [m["content"][0]["text"] for m in third.messages[::2]] == ["one", "two", "three"]
