@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from wakeful import HandlerContext, Registry
+from wakeful.compaction import SUMMARY_REQUEST, SUMMARY_SYSTEM
 from wakeful.models import DEFAULT_MODEL, Model, ModelRequest, ModelResponse, ScriptedModel
 from wakeful.tools import MEMORY_COLLECTION, calculator, memory_store
 
@@ -126,6 +127,8 @@ def researcher_demo_model() -> ScriptedModel:
 
 def assistant_step(request: ModelRequest) -> ModelResponse:
     """The next step of the assistant, chosen from the latest user message."""
+    if request.system == SUMMARY_SYSTEM:  # compacting its conversation (wakeful compact)
+        return ScriptedModel.text(_summary(request))
     last = request.messages[-1]
     text = _last_text(last)
     if text is None:  # only tool results: say what they did
@@ -159,6 +162,18 @@ def assistant_step(request: ModelRequest) -> ModelResponse:
     if (found := _CALCULATE.search(text)) and _ARITHMETIC.search(found.group(1)):
         return _call(request, "calculator", {"expression": found.group(1).strip()})
     return ScriptedModel.text(HELP)
+
+
+def _summary(request: ModelRequest) -> str:
+    """A scripted summary: what the user asked, turn by turn."""
+    asked = [
+        block["text"]
+        for message in request.messages
+        if message["role"] == "user"
+        for block in message["content"]
+        if block.get("type") == "text" and block["text"] != SUMMARY_REQUEST
+    ]
+    return "The user asked: " + "; ".join(asked) if asked else "Nothing was asked yet."
 
 
 def researcher_step(request: ModelRequest) -> ModelResponse:

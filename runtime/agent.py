@@ -36,10 +36,21 @@ import msgspec
 from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
-from .errors import ModelError, ToolBugError, ToolContractError, WakeInterrupted
-from .events import AssistantStep, Message, ToolOutcome, UserTurn
-from .history import project, render_input, tool_uses
+from .compaction import ContextKeeper, Mode
+from .context_window import ContextPolicy, is_prompt_too_long
+from .errors import ConversationError, ModelError, ToolBugError, ToolContractError, WakeInterrupted
+from .events import (
+    AssistantStep,
+    ConversationCompacted,
+    ConversationRequested,
+    Message,
+    RunFailedNote,
+    ToolOutcome,
+    UserTurn,
+)
+from .history import render_input, tool_uses
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
+from .streamids import id_gt
 
 __all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
     "Agent",
@@ -82,10 +93,27 @@ class Agent(ToolCalls):
         max_run_tokens: int | None = None,
         max_output_tokens: int = 4096,
         tool_concurrency: int = 8,
+        context_window: int | None = None,
+        context_strategy: str = "compact",
+        context_budget: float = 0.8,
+        keep_turns: int = 2,
     ) -> None:
         self.wake = wake
         self.system_prompt = system_prompt
         self.model = resolve_model(model)
+        self.context = ContextKeeper(
+            ContextPolicy.build(
+                self.model.name,
+                context_window=context_window,
+                context_strategy=context_strategy,
+                context_budget=context_budget,
+                keep_turns=keep_turns,
+            ),
+            self.model,
+            system_prompt=system_prompt,
+            max_output_tokens=max_output_tokens,
+            cache=wake.activation.state.derived,
+        )
         self.tools: dict[str, AgentTool] = {}
         for tool in tools or []:
             self.add_tool(tool)
@@ -102,7 +130,20 @@ class Agent(ToolCalls):
     # -- journal helpers -----------------------------------------------------------
 
     def _run_history(self, run_id: str) -> list[Any]:
-        return [e for e in self._system.history if e.run_id == run_id]
+        """The journal events of run ``run_id``, in order.
+
+        A run's events are contiguous (one run is open at a time, and what arrives
+        while it is open joins it), and the runs asked about are the open one, at the
+        end: the scan goes back from the end and stops where the run starts, so it
+        costs the run's length, not the conversation's."""
+        history = self._system.history
+        start = len(history)
+        while start > 0:
+            event = history[start - 1]
+            if isinstance(event, ConversationCompacted) or event.run_id != run_id:
+                break
+            start -= 1
+        return history[start:]
 
     def add_tool(self, tool: AgentTool) -> None:
         """Add a tool; its name must be new, and a tool of the same id must have the same
@@ -125,8 +166,8 @@ class Agent(ToolCalls):
         snapshot = next(
             (
                 e.client_tools
-                for e in reversed(self._system.history)
-                if isinstance(e, UserTurn) and e.run_id == run_id and e.client_tools
+                for e in reversed(self._run_history(run_id))
+                if isinstance(e, UserTurn) and e.client_tools
             ),
             None,
         )
@@ -157,6 +198,7 @@ class Agent(ToolCalls):
 
     @tracing.agent_run
     async def run(self) -> RunResult:
+        await self._take_conversation_requests()
         run_id = await self._take_inputs()
         if run_id is None:
             return RunResult(run_id=None, status="idle")
@@ -177,8 +219,9 @@ class Agent(ToolCalls):
     async def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
         act = self.wake.activation
-        taken = {s for e in self._system.history if isinstance(e, UserTurn) for s in e.sources}
-        fresh = [r for r in self.wake.inputs if r.id not in taken and render_input(r)]
+        fresh = [r for r in self.wake.inputs if render_input(r)]
+        if fresh:
+            fresh = [r for r in fresh if r.id not in self._taken(fresh[0].id)]
         if fresh:
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
@@ -199,6 +242,26 @@ class Agent(ToolCalls):
                 )
             )
         return act.current_run
+
+    def _taken(self, first: str) -> set[str]:
+        """The ids of inputs at or after ``first`` the journal already took.
+
+        Inputs are taken in log order, so the scan goes back from the end only to the
+        first user turn that took nothing from ``first`` on. Inputs a compaction
+        replaced the turns of count as taken (every id up to its ``taken_upto``)."""
+        taken: set[str] = set()
+        for event in reversed(self._system.history):
+            if isinstance(event, ConversationCompacted):
+                if event.taken_upto and not id_gt(first, event.taken_upto):
+                    taken.update(
+                        r.id for r in self.wake.inputs if not id_gt(r.id, event.taken_upto)
+                    )
+                break
+            if isinstance(event, UserTurn) and event.sources:
+                if all(id_gt(first, source) for source in event.sources):
+                    break
+                taken.update(event.sources)
+        return taken
 
     async def _loop(self, run_id: str) -> RunResult:
         while True:
@@ -246,27 +309,129 @@ class Agent(ToolCalls):
     @tracing.model_step
     @metrics.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
-        request = ModelRequest(
-            model=self.model.name,
-            system=self.system_prompt,
-            messages=project(self._system.history),
-            tools=[tool.spec() for tool in self.tools.values() if await tool.is_enabled()],
-            max_tokens=self.max_output_tokens,
-        )
+        tools = [tool.spec() for tool in self.tools.values() if await tool.is_enabled()]
+
+        def request() -> ModelRequest:
+            return ModelRequest(
+                model=self.model.name,
+                system=self.system_prompt,
+                messages=self.context.messages(self._system.history),
+                tools=tools,
+                max_tokens=self.max_output_tokens,
+            )
+
         live = self.wake.live
 
         def on_text(delta: str) -> None:
             live.text(delta, run_id=run_id, step=step)
 
-        self._check_lease()  # a zombie must not pay for a step the next owner makes
+        size = await self.context.over_limit(self._system.history, request)
+        if size is not None:
+            await self._shorten_for_step(run_id, tools, reason="budget", size=size)
+        for attempt in (1, 2):
+            self._check_lease()  # a zombie must not pay for a step the next owner makes
+            try:
+                return await self._race(self.model.complete(request(), on_text=on_text))
+            except ModelError as exc:
+                # Too long: shorten the conversation and try once more; else the run fails.
+                if attempt == 1 and is_prompt_too_long(exc.status_code, str(exc)):
+                    self.context.learn(str(exc))
+                    if await self._shorten_for_step(run_id, tools, reason="prompt too long"):
+                        continue
+                if exc.retryable:
+                    raise  # the wake is retried with backoff and resumes from the journal
+                raise _RunFailed(str(exc)) from exc
+            finally:
+                await live.drain()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- context management ---------------------------------------------------------
+
+    async def _shorten(
+        self,
+        run_id: str | None,
+        tools: list[dict[str, Any]],
+        *,
+        reason: str,
+        mode: Mode | None = None,
+        size: int | None = None,
+        request: str = "",
+    ) -> ConversationCompacted | None:
+        """Journal (and commit) the compaction that shortens the conversation now, if
+        anything can be cut. A crash before the commit loses nothing: the journal is
+        whole, and the next attempt shortens it again."""
+        event = await self.context.shorten(
+            self._system.history,
+            open_run=run_id,
+            tools=tools,
+            reason=reason,
+            mode=mode,
+            size=size,
+            race=self._race,
+        )
+        if event is None or event.replaced == 0:
+            return None
+        event.request = request
+        self.wake.log.info(
+            "conversation %s: %d events (%d turns) replaced (%s, ~%d tokens before)",
+            event.mode,
+            event.replaced,
+            event.turns,
+            reason,
+            event.tokens_before,
+        )
+        await self._journal(event)
+        return event
+
+    async def _shorten_for_step(
+        self, run_id: str, tools: list[dict[str, Any]], *, reason: str, size: int | None = None
+    ) -> ConversationCompacted | None:
+        """:meth:`_shorten` before a step: a summary the model refuses fails the run
+        (a transient failure retries the wake, which resumes here)."""
         try:
-            return await self._race(self.model.complete(request, on_text=on_text))
+            return await self._shorten(run_id, tools, reason=reason, size=size)
         except ModelError as exc:
             if exc.retryable:
-                raise  # the wake is retried with backoff and resumes from the journal
-            raise _RunFailed(str(exc)) from exc
-        finally:
-            await live.drain()
+                raise
+            raise _RunFailed(f"the conversation could not be compacted: {exc}") from exc
+
+    async def compact_conversation(self, *, reason: str = "requested") -> bool:
+        """Summarise the older turns now (the open run and the last ``keep_turns``
+        turns stay as they are). False if there was nothing to compact."""
+        return await self._on_demand("compact", reason)
+
+    async def reset_conversation(self, *, reason: str = "requested") -> bool:
+        """Drop every turn before the open run (all of them if none is open): the next
+        run starts a fresh conversation. False if there was nothing to drop."""
+        return await self._on_demand("reset", reason)
+
+    async def _on_demand(self, mode: Mode, reason: str, request: str = "") -> bool:
+        try:
+            tools = [tool.spec() for tool in self.tools.values() if await tool.is_enabled()]
+            event = await self._shorten(
+                self._system.run, tools, reason=reason, mode=mode, request=request
+            )
+        except StopRun:
+            raise ConversationError(f"the {mode} was interrupted: the wake was cancelled") from None
+        except ModelError as exc:
+            raise ConversationError(f"the conversation could not be compacted: {exc}") from exc
+        return event is not None
+
+    async def _take_conversation_requests(self) -> None:
+        """Do what clients asked of the conversation (``rt.compact``, ``rt.reset_conversation``)
+        in the inputs of this wake, once each (a replayed wake finds them done)."""
+        done = self._system.conversation_upto
+        for record in self.wake.inputs:
+            event = record.event
+            if not isinstance(event, ConversationRequested):
+                continue
+            if done and not id_gt(record.id, done):
+                continue
+            reason = f"requested by {event.by}"
+            try:
+                await self._on_demand(event.action, reason, request=record.id)
+            except ConversationError as exc:
+                self.wake.log.warning("%s of the conversation failed: %s", event.action, exc)
 
     def _progress(self, run_id: str) -> tuple[list[AssistantStep], Usage]:
         """The run's model steps so far and their summed usage."""
@@ -280,6 +445,10 @@ class Agent(ToolCalls):
         *,
         error: str | None = None,
     ) -> RunResult:
+        run_events = self._run_history(run_id)
+        if status == "failed" and run_events and isinstance(run_events[-1], UserTurn):
+            # No answer to close the turn: a note does, so the next message is its own turn.
+            self.wake.activation.record(RunFailedNote(run_id=run_id, error=error or ""))
         journaled, usage = self._progress(run_id)
         last = journaled[-1] if journaled else None
         steps = len(journaled)

@@ -25,6 +25,11 @@ class AgentOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_run_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] = 4096
     tool_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8
+    # Context management (their ranges are checked by context_window.ContextPolicy).
+    context_window: int | None = None
+    context_strategy: str = "compact"
+    context_budget: float = 0.8
+    keep_turns: int = 2
 
 
 OPTION_NAMES = tuple(f.name for f in msgspec.structs.fields(AgentOptions))

@@ -19,6 +19,7 @@
     wakeful resume URL [--skip-failed]   un-park a failed entity
     wakeful schedules URL                recurring schedules (--set ID CRON, --delete ID)
     wakeful bad                          pointers and timers the workers moved aside
+    wakeful compact URL | reset URL      shorten an agent's conversation (summary / none)
     wakeful manifest APP                 the registry's manifest as JSON
 
 The connection comes from ``--redis`` or ``WAKEFUL_REDIS_URL``; every other
@@ -562,6 +563,26 @@ async def _schedules(args: argparse.Namespace) -> int:
     return OK
 
 
+async def _conversation(args: argparse.Namespace) -> int:
+    """``compact`` and ``reset``: ask the entity's agent, wait until it is idle."""
+    rt = await _client(args)
+    try:
+        if args.command == "compact":
+            done = await rt.compact(args.url, timeout=args.timeout)
+        else:
+            done = await rt.reset_conversation(args.url, timeout=args.timeout)
+    finally:
+        await rt.close()
+    verb = "compacted" if args.command == "compact" else "reset"
+    if args.json:
+        terminal.print_json({"url": args.url, verb: done})
+    elif done:
+        out.print(f"{verb} the conversation of {args.url}", markup=False)
+    else:
+        out.print(f"nothing to {args.command} in the conversation of {args.url}", markup=False)
+    return OK
+
+
 def _admin(command: Callable[[Runtime, argparse.Namespace], Awaitable[int]]) -> Command:
     """A command of cli_admin, given a connected client (closed after it)."""
 
@@ -601,6 +622,8 @@ COMMANDS: dict[str, Command] = {
     "fail": _admin(cli_admin.fail),
     "bad": _admin(cli_admin.bad),
     "schedules": _schedules,
+    "compact": _conversation,
+    "reset": _conversation,
     "manifest": _manifest,
 }
 

@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("resume", "un-park a failed entity")
     p.add_argument("url")
     p.add_argument("--skip-failed", action="store_true", help="dead-letter the failed inputs")
+    for name, help_text in (
+        ("compact", "summarise the older turns of an entity's agent conversation"),
+        ("reset", "drop every turn of an entity's agent conversation before its open run"),
+    ):
+        p = command(name, help_text)
+        p.add_argument("url")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it")
     p = command("manifest", "print the registry's manifest (always JSON)", redis=False)
     p.add_argument("app")
     return parser

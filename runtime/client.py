@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from redis.asyncio import Redis
@@ -44,6 +44,7 @@ from .errors import (
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
     CancelRequested,
+    ConversationRequested,
     Created,
     DeleteRequested,
     EntityFailed,
@@ -72,6 +73,7 @@ from .retention import Exporter
 from .state import ChildInfo, EntityState
 from .status import EntityStatus, RunInfo, entity_status
 from .store import EntityMeta, Store, TargetMissingError
+from .streamids import id_gt
 from .tasks import all_of
 from .urls import entity_url, parse_url
 from .worker import Worker
@@ -384,7 +386,33 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         if await self._until_notified(url, timeout, gone) is None:
             raise WaitTimeoutError(f"{url} was not deleted within {timeout}s")
 
-    async def _append_existing(self, url: str, event: CancelRequested | DeleteRequested) -> str:
+    async def compact(self, url: str, *, wait: bool = True, timeout: float = 60.0) -> bool:
+        """Ask the entity's agent to summarise the older turns of its conversation (its
+        model writes the summary, at the next wake in which the handler runs the agent).
+        With ``wait``, wait until the entity is idle and tell whether it compacted."""
+        return await self._conversation_request(url, "compact", wait, timeout)
+
+    async def reset_conversation(
+        self, url: str, *, wait: bool = True, timeout: float = 60.0
+    ) -> bool:
+        """Ask the entity's agent to drop every turn of its conversation before its open
+        run (the log keeps them); the next run starts afresh. With ``wait``, wait until
+        the entity is idle and tell whether it dropped any."""
+        return await self._conversation_request(url, "reset", wait, timeout)
+
+    async def _conversation_request(
+        self, url: str, action: Literal["compact", "reset"], wait: bool, timeout: float
+    ) -> bool:
+        event_id = await self._append_existing(url, ConversationRequested(action=action))
+        if not wait:
+            return False
+        await self.wait_idle(url, timeout)
+        done = (await self._folded(url)).system.conversation_upto
+        return bool(done) and not id_gt(event_id, done)
+
+    async def _append_existing(
+        self, url: str, event: CancelRequested | DeleteRequested | ConversationRequested
+    ) -> str:
         parsed = parse_url(url)
         tag = str(event.__struct_config__.tag)
         try:

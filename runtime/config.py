@@ -38,6 +38,7 @@ class Settings:
     archive_dir: str | None = None  # trimmed entries are appended here as JSON Lines first
     idempotency_ttl_s: int = 86_400
     cache_size: int = 10_000
+    cache_max_bytes: int = 1 << 30  # of warm state (estimated as its log bytes), per worker
     shutdown_grace_s: float = 30.0
     # Connections (see connection.py): a command without an answer within
     # socket_timeout_s fails; a blocking read blocks at most half of it.
@@ -70,6 +71,7 @@ class Settings:
             "max_attempts",
             "snapshot_every",
             "cache_size",
+            "cache_max_bytes",
             "max_connections",
             "max_event_streams",
             "max_event_streams_per_identity",

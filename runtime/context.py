@@ -23,6 +23,7 @@ from .agent import Agent, AgentTool, AgentWake
 from .agent_options import check_agent_options
 from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
+from .compaction import reset_event
 from .contracts import AgentDef
 from .errors import ArgsConflictError, EntityNotFoundError
 from .events import Effect, Event, Subscription, ToolData, encode_event
@@ -193,6 +194,27 @@ class HandlerContext:
         if self._agent is None:
             raise RuntimeError("call ctx.use_agent(...) before using ctx.agent")
         return self._agent
+
+    async def compact_conversation(self) -> bool:
+        """Summarise the older turns of the agent's conversation now (needs
+        ``use_agent``: its model writes the summary); the open run and the agent's
+        last ``keep_turns`` turns stay as they are. Committed at once. False if there
+        was nothing to compact."""
+        return await self.agent.compact_conversation()
+
+    async def reset_conversation(self) -> bool:
+        """Drop every turn of the agent's conversation before the open run (all of them
+        if none is open); the journal in the log keeps them. Committed at once. False
+        if there was nothing to drop."""
+        if self._agent is not None:
+            return await self._agent.reset_conversation()
+        system = self._activation.state.system
+        event = reset_event(system.history, system.run)
+        if event is None:
+            return False
+        self._activation.record(event)
+        await self.flush()
+        return True
 
     @property
     def runtime_tools(self) -> list[AgentTool]:

@@ -42,6 +42,8 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- InvalidScheduleError (ValueError)    a recurring schedule's id, cron or zone
     |   +-- ModelError                        a model call failed (``retryable``)
     |   +-- ModelConfigError (ValueError)
+    |   +-- ContextConfigError (ValueError)   a bad context-management option of an agent
+    |   +-- ConversationError                 a conversation cannot be compacted or reset now
     |   +-- ToolContractError (TypeError)
     |   +-- ToolFailure                       a tool's planned failure (``ctx.fail``)
     |   +-- ToolBugError                      a tool broke: the run fails
@@ -318,6 +320,14 @@ class ModelError(WakefulError):
 
 class ModelConfigError(WakefulError, ValueError):
     """A model cannot be built: unknown name, missing API key."""
+
+
+class ContextConfigError(WakefulError, ValueError):
+    """An agent's context-management option (``context_window``, ...) is invalid."""
+
+
+class ConversationError(WakefulError):
+    """A conversation cannot be compacted or reset now (e.g. a run waits on a tool)."""
 
 
 # -- tools -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ There is no upgrade step: a kind whose meaning changed would need a new ``v`` an
 a decoder that reads both (none exists yet), so meanings of kinds do not change.
 
 Events are either *inputs* (they wake the entity: ``created``, ``msg``,
-``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``),
+``child_run_finished``, ``changed``, ``cancel``, ``delete``, ``delivery_failed``,
+``conversation_requested``),
 *system* events folded by the runtime but not shown to handlers (``subscribed``),
 or *outputs* written by the entity's own fenced commits (``state``, ``outbox``,
 ``run_started``, ``run_finished``, ``message_held``, ``handler_error``, ``failed``,
@@ -341,6 +342,15 @@ class ActionRequested(Event, tag="action_requested"):
     agent: str | None = None
 
 
+class ConversationRequested(Event, tag="conversation_requested"):
+    """A client asks to ``compact`` or ``reset`` the entity's agent conversation; the
+    agent loop of the wake that takes it does it (see compaction.py)."""
+
+    is_input: ClassVar[bool] = True
+    action: Literal["compact", "reset"]
+    by: str = "client"
+
+
 class ActionSettled(Event, tag="action_settled"):
     """The answer to a pending action, with who gave it and when."""
 
@@ -396,7 +406,40 @@ def client_view(event: Event) -> Event | None:
     return event
 
 
-HistoryEvent = UserTurn | AssistantStep | ToolIntent | ToolOutcome
+class ConversationCompacted(Event, tag="compaction"):
+    """The conversation was shortened (context management; see compaction.py).
+
+    It replaces the first ``replaced`` events of the journal (``SystemState.history``,
+    which may begin with an earlier compaction): ``compact`` by the model's
+    ``summary`` of them, ``trim`` and ``reset`` by nothing but a note. The log keeps
+    every event it replaces; only the conversation sent to the model starts here.
+    """
+
+    is_output: ClassVar[bool] = True
+    mode: Literal["compact", "trim", "reset"]
+    replaced: int
+    summary: str | None = None
+    turns: int = 0  # user turns replaced, counting those an earlier compaction replaced
+    reason: str = ""  # "budget", "prompt too long", "requested"
+    tokens_before: int = 0  # the estimate of the conversation before it
+    usage: dict[str, int] = {}  # of the summarising call
+    run_id: str | None = None  # the run it was made in, if any
+    taken_upto: str = ""  # the last input id the replaced user turns took (never taken again)
+    request: str = ""  # the id of the conversation_requested input it answers, if any
+
+
+class RunFailedNote(Event, tag="turn_failed"):
+    """A run failed before the model answered its user turn: the projection closes the
+    turn with a note, so the next message does not pile onto it."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    error: str = ""
+
+
+HistoryEvent = (
+    UserTurn | AssistantStep | ToolIntent | ToolOutcome | ConversationCompacted | RunFailedNote
+)
 
 
 AnyEvent = (
@@ -419,6 +462,9 @@ AnyEvent = (
     | AssistantStep
     | ToolIntent
     | ToolOutcome
+    | ConversationCompacted
+    | RunFailedNote
+    | ConversationRequested
     | ActionRequested
     | ActionSettled
     | ToolData

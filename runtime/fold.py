@@ -62,7 +62,7 @@ def rebuild(url: str, state: EntityState, entries: list[Entry], cursor: str) -> 
             out.records.append(LogRecord(entry_id, Event()))
             continue
         out.records.append(record)
-        state.fold(entry_id, record.event)
+        state.fold(entry_id, record.event, len(fields.get(b"e", b"")))
         if record.event.is_input and id_gt(entry_id, cursor):
             out.inputs.append(record)
     return out

@@ -35,10 +35,12 @@ from .events import (
     AssistantStep,
     Changed,
     ChildRunFinished,
+    ConversationCompacted,
     DeliveryFailed,
     HistoryEvent,
     LogRecord,
     Message,
+    RunFailedNote,
     ToolOutcome,
     UserTurn,
 )
@@ -71,68 +73,140 @@ def _nonblank(blocks: list[dict[str, Any]], placeholder: str) -> list[dict[str, 
 
 
 def project(history: list[HistoryEvent]) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    # The tool calls of the last assistant message, in order: (id sent, id journaled).
-    open_calls: list[tuple[str, str]] = []
-    results: dict[str, ToolOutcome] = {}  # by journaled id
-    used: set[str] = set()  # every tool_use id in the request so far
+    """The whole journal as Messages API messages (see :class:`Projection`)."""
+    projection = Projection()
+    projection.extend(history)
+    return projection.messages()
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if messages and messages[-1]["role"] == role:
-            messages[-1]["content"].extend(blocks)
-        else:
-            messages.append({"role": role, "content": list(blocks)})
 
-    def answer(sent_id: str, call_id: str) -> dict[str, Any]:
-        outcome = results.get(call_id)
+def compaction_note(event: ConversationCompacted) -> list[dict[str, Any]]:
+    """How a compaction reads at the start of the conversation."""
+    if event.mode == "compact" and event.summary:
+        return [{"type": "text", "text": f"[Summary of the earlier conversation]\n{event.summary}"}]
+    if event.mode == "trim":
+        return [
+            {
+                "type": "text",
+                "text": f"[{event.turns} earlier turns were dropped to fit the context window]",
+            }
+        ]
+    return []
+
+
+class Projection:
+    """The projection of a journal, built incrementally: :meth:`extend` with the events
+    journaled since, then :meth:`messages`. Each step of a run costs what it adds, not
+    the length of the conversation.
+
+    A message dict handed out by :meth:`messages` is never changed afterwards (a turn
+    merged into the last message replaces it with a new dict), so a caller may keep
+    the list it got (``ScriptedModel`` records requests without copying them).
+    """
+
+    def __init__(self) -> None:
+        self.source: list[HistoryEvent] | None = None  # the journal list it follows
+        self.consumed = 0  # events of ``source`` taken in
+        self._start()
+
+    def _start(self) -> None:
+        self._messages: list[dict[str, Any]] = []
+        # The tool calls of the last assistant message, in order: (id sent, id journaled).
+        self._open: list[tuple[str, str]] = []
+        self._results: dict[str, ToolOutcome] = {}  # by journaled id
+        self._used: set[str] = set()  # every tool_use id in the request so far
+        self._held: list[dict[str, Any]] = []  # user content that arrived while calls were open
+
+    def follows(self, history: list[HistoryEvent]) -> bool:
+        """Whether ``history`` is the list this projection took in, grown only by appends."""
+        return history is self.source and len(history) >= self.consumed
+
+    def catch_up(self, history: list[HistoryEvent]) -> None:
+        """Take in the events of ``history`` appended since the last call."""
+        if self.source is None:
+            self.source = history
+        self.extend(history[self.consumed :])
+
+    def extend(self, events: list[HistoryEvent]) -> None:
+        for event in events:
+            self._take(event)
+        self.consumed += len(events)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far, with the open calls answered (as interrupted, if
+        they have no result yet) and the held user content after them."""
+        messages = list(self._messages)
+        if self._open:
+            _add(messages, "user", [self._answer(sent, call) for sent, call in self._open])
+        _add(messages, "user", self._held)
+        return messages
+
+    # -- the fold ------------------------------------------------------------------
+
+    def _answer(self, sent_id: str, call_id: str) -> dict[str, Any]:
+        outcome = self._results.get(call_id)
         if outcome is None:
             return tool_result_block(sent_id, [{"type": "text", "text": INTERRUPTED}], True)
         return tool_result_block(sent_id, _nonblank(outcome.content, "(empty)"), outcome.is_error)
 
-    held: list[dict[str, Any]] = []  # user content that arrived while calls were open
-
-    def settle() -> None:
+    def _settle(self) -> None:
         """Answer the open tool calls, in call order, then add the user content held back."""
-        if open_calls:
-            add("user", [answer(sent_id, call_id) for sent_id, call_id in open_calls])
-            open_calls.clear()
-            results.clear()
-        add("user", held)
-        held.clear()
+        if self._open:
+            _add(self._messages, "user", [self._answer(s, c) for s, c in self._open])
+            self._open.clear()
+            self._results.clear()
+        _add(self._messages, "user", self._held)
+        self._held = []
 
-    def unique(call_id: str) -> str:
+    def _unique(self, call_id: str) -> str:
         sent_id, n = call_id, 0
-        while sent_id in used:
+        while sent_id in self._used:
             n += 1
             sent_id = f"{call_id}_{n}"
-        used.add(sent_id)
+        self._used.add(sent_id)
         return sent_id
 
-    for event in history:
+    def _take(self, event: HistoryEvent) -> None:
         if isinstance(event, UserTurn):
             content = _nonblank(event.content, "(empty message)")
-            if open_calls:  # calls still wait (a suspended run): results come first
-                held.extend(content)
+            if self._open:  # calls still wait (a suspended run): results come first
+                self._held.extend(content)
             else:
-                add("user", content)
+                _add(self._messages, "user", content)
         elif isinstance(event, AssistantStep):
-            settle()
-            if not messages:  # the API wants a user message first
-                add("user", [{"type": "text", "text": "(conversation start)"}])
+            self._settle()
+            if not self._messages:  # the API wants a user message first
+                _add(self._messages, "user", [{"type": "text", "text": "(conversation start)"}])
             content = _nonblank(event.content, "(no content)")
             for block in tool_uses(content):
                 call_id = block["id"]
-                block["id"] = unique(call_id)
-                open_calls.append((block["id"], call_id))
-            add("assistant", content)
-        elif isinstance(event, ToolOutcome) and any(event.tool_call_id == c for _, c in open_calls):
-            results[event.tool_call_id] = event
-            if held and all(c in results for _, c in open_calls):
-                settle()
-    settle()
-    return messages
+                block["id"] = self._unique(call_id)
+                self._open.append((block["id"], call_id))
+            _add(self._messages, "assistant", content)
+        elif isinstance(event, ToolOutcome) and any(event.tool_call_id == c for _, c in self._open):
+            self._results[event.tool_call_id] = event
+            if self._held and all(c in self._results for _, c in self._open):
+                self._settle()
+        elif isinstance(event, ConversationCompacted):
+            # Only ever first (it replaces what came before it): start afresh from it.
+            self._start()
+            _add(self._messages, "user", compaction_note(event))
+        elif isinstance(event, RunFailedNote):
+            self._settle()
+            if self._messages and self._messages[-1]["role"] == "user":
+                why = f": {event.error}" if event.error else ""
+                note = f"[no answer: the run failed{why}]"
+                _add(self._messages, "assistant", [{"type": "text", "text": note}])
+
+
+def _add(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Append ``blocks`` as a ``role`` message, merged into the last one if it has that
+    role (by replacing it: a message dict handed out is never changed)."""
+    if not blocks:
+        return
+    if messages and messages[-1]["role"] == role:
+        messages[-1] = {"role": role, "content": [*messages[-1]["content"], *blocks]}
+    else:
+        messages.append({"role": role, "content": list(blocks)})
 
 
 def render_input(record: LogRecord) -> list[dict[str, Any]]:

@@ -182,6 +182,23 @@ class AnthropicModel:
             model=message.model,
         )
 
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """The input tokens of ``request``, counted by the API (``messages.count_tokens``);
+        the agent asks only when its own estimate comes near its context budget."""
+        model = request.model or self.name
+        params = _stream_params(request, model)
+        params.pop("max_tokens", None)
+        try:
+            counted = await self.client.messages.count_tokens(**params)
+        except Exception as exc:
+            import anthropic
+            import httpx2
+
+            if not isinstance(exc, anthropic.APIError | httpx2.TransportError):
+                raise
+            raise _model_error(model, exc) from exc
+        return int(counted.input_tokens)
+
 
 def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
     """Messages API params with cache breakpoints, copied where marked.
@@ -267,6 +284,9 @@ class ScriptedModel:
     the turn), or a callable taking the request and returning either (it may be
     async, and may raise, e.g. a :class:`ModelError`, to simulate a failed call).
 
+    ``requests`` holds every request as it was sent: its message list is a copy,
+    the messages in it are not.
+
     Tool-use blocks with an empty id get ``toolu_{call}_{i}`` (call counts from 1,
     ``i`` is the block's position among the response's tool-use blocks), and a
     response without usage gets a rough estimate, so runs report real numbers.
@@ -284,6 +304,8 @@ class ScriptedModel:
         self._script = script if callable(script) else list(script)
         self._next = 0
         self.requests: list[ModelRequest] = []
+        self._last: list[dict[str, Any]] = []  # the messages of the last request
+        self._sizes: list[int] = []  # their JSON bytes, as running totals
 
     def __repr__(self) -> str:
         return f"ScriptedModel(name={self.name!r}, calls={len(self.requests)})"
@@ -291,8 +313,10 @@ class ScriptedModel:
     async def complete(
         self, request: ModelRequest, *, on_text: Callable[[str], None] | None = None
     ) -> ModelResponse:
-        # A snapshot: the agent loop goes on appending to the same message list.
-        self.requests.append(copy.deepcopy(request))
+        # The message list is copied, not the messages (a deep copy per call is
+        # quadratic over a long run): the agent loop never changes a message it
+        # handed out (see history.Projection); a caller may still append to its list.
+        self.requests.append(msgspec.structs.replace(request, messages=list(request.messages)))
         call = len(self.requests)
         if callable(self._script):
             item: Any = self._script
@@ -332,13 +356,34 @@ class ScriptedModel:
         for i, block in enumerate(tool_uses):
             if not block.get("id"):
                 block["id"] = f"toolu_{call}_{i}"
-        usage = item.usage if item.usage.total_tokens else _estimate_usage(request, content)
+        usage = item.usage if item.usage.total_tokens else self._estimate_usage(request, content)
         return ModelResponse(
             content=content,
             stop_reason=item.stop_reason,
             usage=copy.copy(usage),
             model=item.model or self.name,
         )
+
+    def _estimate_usage(self, request: ModelRequest, content: list[dict[str, Any]]) -> Usage:
+        """About 4 bytes of JSON per token. The agent loop sends the messages of its
+        last request again, unchanged (the same dicts), with new ones after them, so
+        the sizes of the common prefix are kept and only what is new is measured."""
+        messages = request.messages
+        sizes = self._sizes  # running totals of the last request's messages, by position
+        old = self._last
+        keep = 0
+        if old and messages and messages[0] is old[0]:
+            keep = min(len(old), len(messages))
+            while keep and messages[keep - 1] is not old[keep - 1]:
+                keep -= 1
+        del sizes[keep:]
+        total = sizes[-1] if sizes else 0
+        for message in messages[keep:]:
+            total += len(msgspec.json.encode(message))
+            sizes.append(total)
+        self._last = messages
+        size = len(request.system) + total
+        return Usage(input_tokens=max(1, size // 4), output_tokens=_output_tokens(content))
 
     @staticmethod
     def text(text: str) -> ModelResponse:
@@ -361,13 +406,11 @@ def _chunks(text: str) -> list[str]:
     return [chunk for chunk in [p + " " for p in parts[:-1]] + parts[-1:] if chunk]
 
 
-def _estimate_usage(request: ModelRequest, content: list[dict[str, Any]]) -> Usage:
-    size = len(request.system) + len(msgspec.json.encode(request.messages))
-    output = sum(
+def _output_tokens(content: list[dict[str, Any]]) -> int:
+    return sum(
         len(block["text"] if block.get("type") == "text" else msgspec.json.encode(block)) // 4 + 1
         for block in content
     )
-    return Usage(input_tokens=max(1, size // 4), output_tokens=output)
 
 
 def resolve_model(model: str | Model) -> Model:

@@ -323,6 +323,7 @@ class WakePipeline:
         # writes no snapshot: it would cover them, and a cold load would never see them.
         if since >= self.settings.snapshot_every and wake.remember:
             snapshot = state.snapshot()
+            state.nbytes = len(snapshot)
             since = 0
         fields: dict[str, object] = {}
         if wake.meta.attempts:
@@ -440,6 +441,7 @@ def _attempted_upto(partial: str, first_input: str) -> str | None:
 
 def _note_applied(state: EntityState, events: list[tuple[str, bytes]], ids: list[str]) -> None:
     """After a commit: its outputs were applied before they were written."""
-    for (flag, _), event_id in zip(events, ids, strict=True):
-        if flag != INPUT:
+    for (flag, data), event_id in zip(events, ids, strict=True):
+        if flag != INPUT:  # an input is counted when it is read back and folded
             state.applied = event_id
+            state.nbytes += len(data)

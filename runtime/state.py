@@ -34,11 +34,13 @@ from .events import (
     ActionSettled,
     AssistantStep,
     ChildRunFinished,
+    ConversationCompacted,
     HistoryEvent,
     Message,
     MessageHeld,
     Op,
     Outbox,
+    RunFailedNote,
     RunFinished,
     RunStarted,
     StateChanged,
@@ -113,6 +115,7 @@ class SystemState(msgspec.Struct, kw_only=True):
     actions: dict[str, ActionRequested] = {}  # pending tool actions, by tool call id
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
     answered: dict[str, ActionRequested] = {}  # the requests those answers settled
+    conversation_upto: str = ""  # the last conversation_requested input answered
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -139,11 +142,16 @@ class SystemState(msgspec.Struct, kw_only=True):
                 child.run_id = event.run_id
                 child.response = event.response
                 child.error = event.error
-        elif isinstance(event, UserTurn | AssistantStep | ToolIntent | ToolOutcome):
+        elif isinstance(event, UserTurn | AssistantStep | ToolIntent | ToolOutcome | RunFailedNote):
             self.history.append(event)
             if isinstance(event, ToolOutcome):
                 self.settled.pop(event.tool_call_id, None)
                 self.answered.pop(event.tool_call_id, None)
+        elif isinstance(event, ConversationCompacted):
+            # An output, folded exactly once (EntityState.fold), so a count is safe here.
+            self.history = [event, *self.history[event.replaced :]]
+            if event.request:
+                self.conversation_upto = event.request
         elif isinstance(event, ActionRequested):
             self.actions[event.tool_call_id] = event
             self.settled.pop(event.tool_call_id, None)  # requested again: its answer refused
@@ -186,24 +194,33 @@ class Snapshot(msgspec.Struct, kw_only=True):
 class EntityState:
     """Rows of every collection of one entity, as encoded bytes, plus the system state.
 
-    ``applied`` is the id of the last output event folded in. Outputs are applied
+    ``applied`` is the id of the last output event folded in; ``derived`` holds what
+    is computed from the state and worth keeping while it stays warm. Outputs are applied
     in memory before their commit, so a later read of the log skips the outputs
     at or before ``applied``; everything else read is new and is folded.
     """
 
-    __slots__ = ("applied", "rows", "system")
+    __slots__ = ("applied", "derived", "nbytes", "rows", "system")
 
     def __init__(self, collections: dict[str, Collection[Any]] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
         self.system = SystemState()
         self.applied = ZERO
+        # Values derived from the state and kept with it between wakes of a warm
+        # entity (the agent's projection of the conversation); never persisted.
+        self.derived: dict[str, Any] = {}
+        # About how many bytes it holds: its snapshot's plus those of the events folded
+        # since (an over-estimate once a compaction drops some); bounds the warm cache.
+        self.nbytes = 0
 
-    def fold(self, entry_id: str, event: object) -> None:
-        """Apply one log entry read after the last read position, exactly once."""
+    def fold(self, entry_id: str, event: object, size: int = 0) -> None:
+        """Apply one log entry read after the last read position, exactly once
+        (``size``: its encoded bytes, counted in ``nbytes``)."""
         if getattr(event, "is_output", False):
             if not id_gt(entry_id, self.applied):
-                return  # already applied when it was written
+                return  # already applied when it was written (and counted then)
             self.applied = entry_id
+        self.nbytes += size
         self.apply_event(event)
 
     def apply(self, ops: list[Op]) -> None:
@@ -243,6 +260,7 @@ class EntityState:
             state.rows[name] = {key: bytes(raw) for key, raw in table.items()}
         state.system = snap.system
         state.applied = applied
+        state.nbytes = len(data)
         return state
 
     def to_builtins(self) -> dict[str, list[Any]]:

@@ -81,7 +81,7 @@ class Worker:
             registry, store, capabilities or [], self._token, clock=self._now
         )
         self.delivery = Delivery(store, self._fault, self.stats)
-        self.cache = WarmCache(settings.cache_size, self._evicted)
+        self.cache = WarmCache(settings.cache_size, self._evicted, settings.cache_max_bytes)
         self.runners = Runners(
             settings, self.id, self.cache, self.stats, self._token, self._wake, self._crashed
         )

@@ -56,6 +56,7 @@ import asyncio
 import cProfile
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -67,12 +68,14 @@ from benchlib import (
     add_gc_freeze_argument,
     add_profiling_arguments,
     add_redis_argument,
+    background_load,
     code_version,
     counting_redis,
     delete_prefix,
     describe_machine,
     emit,
     fmt,
+    machine_info,
     percentiles,
     print_profile,
     raw_consume,
@@ -530,6 +533,125 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the sweep: cost per step against the length of the conversation -------------------
+
+SWEEP_TARGET = 2.0  # at the longest conversation, at most this many times the shortest's
+
+
+def sweep_app(timings: list[tuple[float, float, int]]) -> Registry:
+    """An agent whose runs call ``echo`` once, then answer; each run appends
+    ``(run wall s, model s, steps)`` to ``timings``."""
+    reg = Registry()
+    model_s = [0.0]
+
+    def step(request: ModelRequest) -> ModelResponse:
+        started = time.perf_counter()
+        last = request.messages[-1]["content"]
+        if any(block.get("type") == "tool_result" for block in last):
+            response = ScriptedModel.text("Done: the tool echoed it.")
+        else:
+            response = ScriptedModel.tool_calls(("echo", {"text": "ping"}))
+        model_s[0] += time.perf_counter() - started
+        return response
+
+    model = ScriptedModel(step, name="sweep")
+
+    @reg.entity("agent")
+    async def agent(ctx: HandlerContext) -> None:
+        ctx.use_agent(
+            system_prompt="You echo.",
+            model=model,
+            tools=[ECHO],
+        )
+        before, started = model_s[0], time.perf_counter()
+        result = await ctx.agent.run()
+        timings.append((time.perf_counter() - started, model_s[0] - before, result.steps))
+
+    return reg
+
+
+async def sweep_main(args: argparse.Namespace) -> int:
+    """ms per step (the runtime's: the model's own time taken out) and snapshot bytes
+    after 10, 100 and 1,000 prior turns of one tool call each, on the embedded runtime."""
+    machine = machine_info({})
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(
+        f"machine: {machine['platform']} | {machine['cpu']} | {machine['cores']} cores | "
+        f"Python {machine['python']} | msgspec {machine['msgspec']} | load average "
+        + (" ".join(f"{x:.2f}" for x in load) if load else "?")
+    )
+    busy = await background_load()
+    if busy is not None:
+        print(f"CPU busy before the run (other processes): {busy:.0%}")
+    checkpoints = [10, 30, 100] if args.quick else [10, 100, 1000]
+    measured = args.sweep_runs
+    print(
+        f"sweep: one conversation, runs of 2 model steps + 1 tool call; {measured} runs "
+        f"measured after {', '.join(f'{n:,}' for n in checkpoints)} prior turns; embedded "
+        f"runtime at {code_version()}; target: at {checkpoints[-1]:,} turns at most "
+        f"{SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
+        flush=True,
+    )
+    timings: list[tuple[float, float, int]] = []
+    rt = Runtime(sweep_app(timings), settings=Settings())
+    await rt.start()
+    url = "/agent/sweep"
+    rows: list[dict[str, Any]] = []
+    turns = 0
+    try:
+        for checkpoint in checkpoints:
+            while turns < checkpoint:
+                await rt.ask(url, f"turn {turns}", timeout=120)
+                turns += 1
+            if args.gc_freeze:  # as a long-running worker does once started (see --no-gc-freeze)
+                gc.collect()
+                gc.freeze()
+            del timings[:]
+            for _ in range(measured):
+                await rt.ask(url, f"turn {turns}", timeout=120)
+                turns += 1
+            per_step = [(run - model) / steps for run, model, steps in timings if steps]
+            state = await rt._folded(url)
+            rows.append(
+                {
+                    "turns": checkpoint,
+                    "ms_per_step": statistics.median(per_step) * 1000,
+                    "snapshot_bytes": len(state.snapshot()),
+                }
+            )
+            row = rows[-1]
+            print(
+                f"  {checkpoint:>6,} prior turns: {row['ms_per_step']:7.2f} ms per step "
+                f"(median of {len(per_step)} runs), snapshot {row['snapshot_bytes']:>10,} bytes",
+                flush=True,
+            )
+    finally:
+        await rt.close()
+    first, last = rows[0], rows[-1]
+    ratio = last["ms_per_step"] / first["ms_per_step"]
+    snap_ratio = last["snapshot_bytes"] / first["snapshot_bytes"]
+    verdict = "PASS" if ratio <= SWEEP_TARGET else "MISS"
+    snap_verdict = "PASS" if snap_ratio <= SWEEP_TARGET else "MISS"
+    print(
+        f"ms per step at {last['turns']:,} turns: {ratio:.2f}x the cost at {first['turns']:,} "
+        f"(target <= {SWEEP_TARGET:g}x): {verdict}"
+    )
+    print(
+        f"snapshot bytes at {last['turns']:,} turns: {snap_ratio:.1f}x those at "
+        f"{first['turns']:,} (target <= {SWEEP_TARGET:g}x): {snap_verdict}"
+    )
+    emit(
+        machine=machine,
+        busy_before=busy,
+        sweep=rows,
+        ratio=ratio,
+        snapshot_ratio=snap_ratio,
+        verdict=verdict,
+        snapshot_verdict=snap_verdict,
+    )
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Wakeful agent-loop overhead per step next to a raw redis-py loop.",
@@ -558,6 +680,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "which phase --profile-worker covers: seq (low load) or tp (throughput)",
     )
     add_gc_freeze_argument(parser)
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="only the sweep: ms per step and snapshot bytes after 10, 100 and 1,000 prior "
+        "turns (30 and 100 with --quick), on the embedded runtime (no Redis needed)",
+    )
+    parser.add_argument("--sweep-runs", type=int, default=20, help="runs measured per point")
     # internal: the consumer processes
     parser.add_argument(
         "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS
@@ -587,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "raw":
             asyncio.run(raw_consume(args.redis, args.prefix, args.partitions, args.expect))
             return 0
+        if args.sweep:
+            return asyncio.run(sweep_main(args))
         return asyncio.run(main_async(args))
     except ResponseError as exc:
         print(f"bench_agent: Redis error: {exc}", file=sys.stderr)

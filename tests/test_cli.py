@@ -150,6 +150,22 @@ async def test_resume_a_parked_entity(worker, server_url, prefix):
     assert (await worker.wait_idle("/fragile/f1")).status == "idle"
 
 
+async def test_compact_and_reset_a_conversation(worker, server_url, prefix):
+    url = "/assistant/compacted"
+    for question in ("calculate 1 + 1", "calculate 2 + 2", "calculate 3 + 3"):
+        await worker.ask(url, question)
+    compacted = await run(server_url, prefix, "compact", url)
+    assert compacted.returncode == 0, compacted.stderr
+    assert compacted.stdout.strip() == f"compacted the conversation of {url}"
+    first = (await worker.conversation(url))[0]["content"][0]["text"]
+    assert first.startswith("[Summary of the earlier conversation]") and "1 + 1" in first
+    reset = await run(server_url, prefix, "reset", url, "--json")
+    assert json.loads(reset.stdout) == {"url": url, "reset": True}
+    assert await worker.conversation(url) == []
+    again = await run(server_url, prefix, "reset", url)
+    assert again.stdout.strip() == f"nothing to reset in the conversation of {url}"
+
+
 async def test_resume_skip_failed_prints_exactly_the_skipped_inputs(server_url, prefix):
     settings = Settings(
         redis_url=server_url, prefix=prefix, partitions=4, max_attempts=2, retry_base_ms=20

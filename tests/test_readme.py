@@ -35,6 +35,14 @@ def test_readme_agent_example_defines_a_working_tool():
     assert (result.content, result.details) == ("Sunny in Oslo", {"temp_c": 21})
 
 
+def test_readme_context_management_example_runs():
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### Context management\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    asyncio.run(namespace["main"]())
+
+
 def test_readme_typed_contract_example_defines_an_agent(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test")  # the example names a claude model
     readme = (ROOT / "README.md").read_text()
