@@ -28,6 +28,7 @@ from wakeful import (
     define_tool,
     tool,
 )
+from wakeful.agent_options import OPTION_NAMES
 from wakeful.contracts import ApprovalInfo, CallInfo
 from wakeful.events import ActionRequested, ToolIntent, ToolOutcome, decode_event
 from wakeful.models import ModelRequest, ModelResponse
@@ -130,8 +131,7 @@ async def test_an_unknown_option_given_to_use_agent_is_an_error_naming_it(cluste
     rt = await cluster.runtime(reg)
     assert await rt.ask(URL, "go") == "checked"
     assert [str(e) for e in errors] == [
-        "use_agent: unknown option 'max_tokens' (the options are max_steps, max_run_tokens, "
-        "max_output_tokens, tool_concurrency)",
+        "use_agent: unknown option 'max_tokens' (the options are " + ", ".join(OPTION_NAMES) + ")",
         "use_agent: option 'max_steps': Expected `int`, got `float` - at `$.max_steps`",
     ]
 
