@@ -118,7 +118,7 @@ def _check_delegation(nodes: list[Node]) -> None:
     ]
     child_url = child_agent.attributes["gen_ai.agent.name"]
     [calculator] = named("execute_tool calculator")
-    [dispatch] = named("execute_tool dispatch")
+    [dispatch] = named("execute_tool spawn_agent")
     assert calculator.attributes["gen_ai.tool.call.id"]
     [spawn] = named("wakeful.deliver", **{"messaging.operation.name": "spawn"})
     [notify] = named("wakeful.deliver", **{"messaging.operation.name": "notify"})
