@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.apps.harness import free_port
+from tests.terminals import on_a_terminal
 from wakeful import HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.entities import assistant, notes
 from wakeful.events import ToolOutcome
@@ -312,14 +314,11 @@ async def test_tail_json_and_resume(worker, server_url, prefix):
 
 
 def test_serve_answers_http_on_the_embedded_default():
-    import socket
     import time
 
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
     proc = subprocess.Popen(
         [
@@ -364,76 +363,12 @@ def test_serve_answers_http_on_the_embedded_default():
         proc.wait(timeout=10)
 
 
-def _interact(
-    command: list[str], env: dict[str, str], prompt: str, answer: str | int
-) -> tuple[int | None, str]:
-    """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
-    str) or send it the signal ``answer`` (an int)."""
-    import contextlib
-    import pty
-    import select
-    import signal
-    import time
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**env, "PYTHONFAULTHANDLER": "1"},
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        close_fds=True,
-    )
-    os.close(slave)
-    output, answered, deadline = b"", False, time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-            if not answered and prompt.encode() in output:
-                if isinstance(answer, int):
-                    proc.send_signal(answer)
-                else:
-                    os.write(master, answer.encode())
-                answered = True
-            if proc.poll() is not None and not ready:
-                break
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            code = None  # still running: the assertion shows what it printed, and where
-            proc.send_signal(signal.SIGABRT)  # it hangs (PYTHONFAULTHANDLER dumps the stacks)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            while select.select([master], [], [], 0.5)[0]:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                output += chunk
-        return code, output.decode(errors="replace") + f"\n[answered: {answered}]"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-
-
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):
     await worker.ask("/assistant/i1", "remember that my city is Lyon")
     env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i1", "forget my city"]
     code, output = await asyncio.to_thread(
-        _interact, [*command, "--redis", server_url], env, "approve", "y\n"
+        on_a_terminal, [*command, "--redis", server_url], env, "approve", "y\n"
     )
     assert code == 0, output
     assert "Forgot 'city'." in output
@@ -450,7 +385,7 @@ async def test_ask_prompts_for_no_call_of_another_identitys_run(worker, server_u
     env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i3", "forget my city"]
     code, output = await asyncio.to_thread(
-        _interact,
+        on_a_terminal,
         [*command, "--identity", "user=bob", "--redis", server_url],
         env,
         ")?",
@@ -471,7 +406,7 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     # The prompt itself ("approve memory {...} (<call id>)?"), not the earlier "waits for
     # approval" line: Ctrl-C while the prompt waits for an answer.
     code, output = await asyncio.to_thread(
-        _interact, [*command, "--redis", server_url], env, ")?", signal.SIGINT
+        on_a_terminal, [*command, "--redis", server_url], env, ")?", signal.SIGINT
     )
     assert code == 130, output
     # Nothing was answered: the call still waits.
@@ -502,7 +437,7 @@ async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
     env = cli_env(prefix, TERM="xterm")
     command = [sys.executable, "-m", "wakeful.cli", "ask", "/assistant/i3", "calculate 6 * 7"]
     code, output = await asyncio.to_thread(
-        _interact, [*command, "--redis", server_url], env, "never shown", ""
+        on_a_terminal, [*command, "--redis", server_url], env, "never shown", ""
     )
     assert code == 0, output
     assert output.count("42") >= 1 and "⚙ calculator" in output

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.apps.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance"
@@ -29,9 +30,7 @@ def test_no_request_breaks_the_gateway_or_leaves_its_contract(tmp_path):
     schemathesis = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     if schemathesis is None:
         pytest.fail("schemathesis is not installed (it is in the test extra)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.apps.harness import free_port
 from wakeful import HandlerContext, Registry, Runtime, Settings
 from wakeful.gateway import create_app
 from wakeful.http_limits import allowed_hosts, host_name, server_config
@@ -273,9 +274,7 @@ def test_the_default_host_names_follow_the_bound_address():
 
 
 def test_serve_checks_host_and_takes_its_limits_from_flags():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
     proc = subprocess.Popen(
         [

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.apps.harness import free_port
 from wakeful import AgentTool, HandlerContext, Registry, ScriptedModel, ToolResult
 from wakeful.errors import EntityNotFoundError
 from wakeful.gateway import create_app
@@ -258,9 +259,7 @@ async def test_inbox_lag_counts_pointers_no_worker_has_read(cluster):
 
 
 def test_a_worker_serves_health_readiness_and_metrics_on_its_port(server_url, prefix):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
     command = ["worker", "wakeful.entities:registry", "--redis", server_url]
     worker = subprocess.Popen(

@@ -23,6 +23,7 @@ import pytest
 import redis as sync_redis
 
 from tests.apps.harness import PrivateRedis, free_port, until
+from tests.terminals import interrupted_on_a_terminal
 from wakeful import Runtime, Settings
 from wakeful.cli_tokens import load_tokens
 from wakeful.connection import connect
@@ -225,49 +226,11 @@ def test_a_wrong_password_is_reported_without_it(private_redis):
     assert_no_secret(out.stdout, out.stderr)
 
 
-def _on_a_terminal(command: list[str], env: dict[str, str], until_text: str) -> str:
-    """Run ``command`` on a pseudo-terminal until it prints ``until_text``, then SIGINT it;
-    everything it printed."""
-    import pty
-    import select
-    import time
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
-    )
-    os.close(slave)
-    output, deadline, interrupted = b"", time.monotonic() + 60, False
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-            if not interrupted and until_text.encode() in output:
-                proc.send_signal(signal.SIGINT)
-                interrupted = True
-            if proc.poll() is not None and not ready:
-                break
-        assert interrupted, output.decode(errors="replace")
-        proc.wait(timeout=20)
-        return output.decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-
-
 async def test_the_worker_spinner_and_banner_hide_the_password(private_redis):
     env = {**os.environ, "TERM": "xterm", "WAKEFUL_PARTITIONS": "4"}
     command = [sys.executable, "-m", "wakeful.cli", "-v", "worker", "tests.apps.quiet:registry"]
     output = await asyncio.to_thread(
-        _on_a_terminal, [*command, "--redis", alice_url(private_redis)], env, "running"
+        interrupted_on_a_terminal, [*command, "--redis", alice_url(private_redis)], env, "running"
     )
     assert "starting a worker on redis://alice:***@127.0.0.1" in output
     assert_no_secret(output)
@@ -283,7 +246,7 @@ async def test_the_tail_resume_hint_hides_the_password(private_redis):
         await rt.close()
     env = {**os.environ, "TERM": "xterm", "WAKEFUL_PARTITIONS": "4"}
     command = [sys.executable, "-m", "wakeful.cli", "tail", "/notes/n1", "-f", "--redis", url]
-    output = await asyncio.to_thread(_on_a_terminal, command, env, "add milk")
+    output = await asyncio.to_thread(interrupted_on_a_terminal, command, env, "add milk")
     assert f"--after {event_id}" in output
     assert "resume with: wakeful tail /notes/n1 -f --redis" in output
     assert_no_secret(output)
