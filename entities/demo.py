@@ -22,6 +22,7 @@ import math
 import shlex
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from wakeful.leases import rendezvous_owner
 from wakeful.store import Store
 
 from .demo_processes import WorkerProcess, WorkerProcesses, until
-from .demo_transcript import count, journal, print_journal, say, wrapped
+from .demo_transcript import count, journal, paragraph, print_journal, say, wrapped
 from .demo_worker import ModelCall, recorded_calls
 
 # A short lease: a dead worker's partitions are free again after 2 s (its heartbeat,
@@ -72,9 +73,9 @@ async def run_demo() -> None:
             Runtime(registry, settings=settings, run_worker=False) as rt,
             WorkerProcesses(rt) as workers,
         ):
-            say(f"0. The embedded Redis (a fakeredis) listens on {server.url[len('redis://') :]}")
-            say("   in this process, so that worker processes can share it; it goes when the")
-            say("   demo ends. This process is only a client: it sends and reads.")
+            say(f"0. The embedded Redis (a fakeredis) listens on {server.address}, served by this")
+            say("   process so that worker processes can share it; it goes when the demo ends.")
+            say("   This process is only a client: it sends and reads. The workers run apart.")
             a = await _start(workers, "A", stall=AGENT_URL)
             await _notes(rt, a, ["add buy milk", "add call the plumber", "add water the plants"])
             b = await _crash(rt, workers, a)
@@ -82,8 +83,9 @@ async def run_demo() -> None:
             await _notes_after_the_crash(rt, b)
             say()
             say(f"5. Stop worker B gracefully (SIGTERM, pid {b.pid}): it finishes its wakes and")
-            say("   hands its leases back, so the next worker would not wait.")
-        say("   Both workers are gone; so is the embedded Redis.")
+            say("   hands its leases back, so a next worker would not wait for them.")
+            code = await b.stop(settings.shutdown_grace_s + 5)
+            say(f"   Worker B exited with code {code}. The embedded Redis goes with the demo.")
     _next_steps()
 
 
@@ -184,12 +186,18 @@ async def _crash(rt: Runtime, workers: WorkerProcesses, a: WorkerProcess) -> Wor
     start = len(await journal(rt, AGENT_URL))
     ask = asyncio.create_task(rt.ask(AGENT_URL, CRASH_QUESTION, timeout=_timeout() + 30))
     try:
-        stalled = await until(
-            lambda: _stalled_call(rt, calls_before), _timeout(), "the agent's model step"
+        stalled: ModelCall | bool = await until(
+            lambda: _stalled_call(rt, calls_before, ask), _timeout(), "the agent's model step"
         )
         shown = await print_journal(rt, AGENT_URL, start, indent="   ")
-        say(f"   ... worker {a.name} asks the model for the next step (its model call")
-        say(f"   {stalled.n}), and while it waits for the answer:")
+        if not isinstance(
+            stalled, ModelCall
+        ):  # Claude may answer without a tool: no step follows a tool result
+            say("   (The model answered without calling a tool, so there is no step after a tool")
+            say(f"   call to crash in: worker {a.name} is killed between runs instead.)")
+        else:
+            say(f"   ... worker {a.name} asks the model for the next step (its model call")
+            say(f"   {stalled.n}), and while it waits for the answer:")
         say()
         say(f"3. kill -9 {a.pid}: worker {a.name} dies mid-run. Nothing runs after SIGKILL: it")
         say("   hands back no lease and leaves its wake unacknowledged.")
@@ -208,10 +216,11 @@ async def _crash(rt: Runtime, workers: WorkerProcesses, a: WorkerProcess) -> Wor
         ask.cancel()
     await print_journal(rt, AGENT_URL, shown, indent="   ")
     wrapped("   ", "rt.ask ->", repr(answer))
-    say("   (rt.ask was waiting since before the crash: a client does not see the worker die.)")
-    calls = (await recorded_calls(store.redis, rt.settings.prefix))[calls_before:]
-    steps = _steps((await journal(rt, AGENT_URL))[start:])
-    _tally(a, b, calls, steps, journaled)
+    if isinstance(stalled, ModelCall):
+        say("   (rt.ask waited since before the crash: a client does not see a worker die.)")
+        calls = (await recorded_calls(store.redis, rt.settings.prefix))[calls_before:]
+        steps = _steps((await journal(rt, AGENT_URL))[start:])
+        _tally(a, b, calls, steps, journaled)
     return b
 
 
@@ -221,9 +230,15 @@ def _store(rt: Runtime) -> Store:
     return rt.store
 
 
-async def _stalled_call(rt: Runtime, skip: int) -> ModelCall | None:
+async def _stalled_call(rt: Runtime, skip: int, ask: asyncio.Task[str]) -> ModelCall | bool | None:
+    """The call of the agent that stalls, after the ``skip`` recorded before; True if the
+    run finished without one."""
     calls = (await recorded_calls(_store(rt).redis, rt.settings.prefix))[skip:]
-    return next((c for c in calls if c.stalled and c.url == AGENT_URL), None)
+    found = next((c for c in calls if c.stalled and c.url == AGENT_URL), None)
+    if found is None and ask.done():
+        ask.result()  # its error, if it failed
+        return True
+    return found
 
 
 def _steps(events: list[Any]) -> int:
@@ -272,20 +287,20 @@ def _tally(
     by_a = [c for c in calls if c.pid == a.pid and c.url == AGENT_URL]
     by_b = [c for c in calls if c.pid == b.pid and c.url == AGENT_URL]
     lost = sum(c.stalled for c in by_a)
-    say(
-        f"   Model calls of this run: worker A (pid {a.pid}) asked {len(by_a)}, "
-        f"{lost} never answered (it was killed waiting);"
+    paragraph(
+        f"The run took {count(steps, 'model step')}. Model calls: worker A (pid {a.pid}) made "
+        f"{len(by_a)}, {lost} of them never answered (it was killed waiting); worker B "
+        f"(pid {b.pid}) made {len(by_b)}."
     )
-    say(f"   worker B (pid {b.pid}) asked {len(by_b)}. The run took {count(steps, 'model step')}.")
     not_journaled = steps - journaled
     if len(by_b) == not_journaled:
         say(
-            f"   model calls by the new worker: {len(by_b)} = {steps} steps - {journaled} "
-            "journaled before the crash: no journaled step was asked again."
+            f"   model calls by the new worker: {len(by_b)} = {steps} steps - {journaled} journaled"
         )
+        say("   before the crash: no journaled step was asked again.")
     else:
-        say(
-            f"   model calls by the new worker: {len(by_b)}, but only {not_journaled} of the "
+        paragraph(
+            f"model calls by the new worker: {len(by_b)}, but only {not_journaled} of the "
             f"{steps} steps were not journaled before the crash: a step was asked again."
         )
 
@@ -347,11 +362,17 @@ def next_steps() -> list[tuple[str, str]]:
     return [
         (
             f"{w} serve {app}",
-            "these entity types over HTTP, with a worker and the embedded Redis in one "
-            "process: chat with the assistant at http://127.0.0.1:8000/console/ (Ctrl-C stops)",
+            "the web console at http://127.0.0.1:8000/console/: chat with the assistant "
+            "(a worker and the embedded Redis in one process; Ctrl-C stops it)",
         ),
-        (f"{w} worker {app} {redis}", "with a Redis server: a worker (leave it running)"),
-        (f"{w} ask /assistant/me {question} {redis}", "then, in another terminal, ask"),
+        (
+            f"{w} worker {app} {redis}",
+            "with a Redis server at 127.0.0.1:6379: a worker (leave it running)",
+        ),
+        (
+            f"{w} ask /assistant/me {question} {redis}",
+            "then, in another terminal, talk to the agent",
+        ),
         (f"{w} tail /assistant/me {redis}", "and read its log as a transcript"),
         (f"{w} --help", "every command"),
     ]
@@ -359,7 +380,7 @@ def next_steps() -> list[tuple[str, str]]:
 
 def _next_steps() -> None:
     say()
-    say("What next? These commands run as printed, from this directory:")
+    say("What next? Each command runs as printed, from this directory:")
     for command, what in next_steps():
-        say(f"  # {what}")
+        say(textwrap.fill(what, 96, initial_indent="  # ", subsequent_indent="  # "))
         say(f"  $ {command}")

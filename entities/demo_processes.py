@@ -62,15 +62,16 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
 
-    async def stop(self, timeout: float) -> None:
-        """SIGTERM: it finishes its wakes and hands its leases back; killed after ``timeout``."""
-        if not self.alive():
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            await self.kill()
+    async def stop(self, timeout: float) -> int:
+        """SIGTERM: it finishes its wakes and hands its leases back; killed after
+        ``timeout`` seconds. Returns its exit code."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                await self.kill()
+        return await self.proc.wait()
 
 
 class WorkerProcesses:

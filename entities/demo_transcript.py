@@ -14,6 +14,11 @@ def say(text: str = "", end: str = "\n") -> None:
     print(text, end=end, flush=True)
 
 
+def paragraph(text: str, indent: str = "   ", width: int = 96) -> None:
+    """``text`` filled to ``width`` columns, every line indented."""
+    say(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent))
+
+
 async def journal(rt: Runtime, url: str) -> list[Any]:
     """The agent journal of ``url`` (and its finished runs), in log order."""
     kinds = (UserTurn, AssistantStep, ToolOutcome, RunFinished)

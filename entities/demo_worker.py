@@ -49,7 +49,7 @@ def calls_key(prefix: str) -> str:
 
 async def recorded_calls(redis: Redis, prefix: str) -> list[ModelCall]:
     """Every model call the worker processes recorded, oldest first."""
-    raw = await redis.lrange(calls_key(prefix), 0, -1)  # type: ignore[misc]
+    raw = await redis.lrange(calls_key(prefix), 0, -1)
     return [msgspec.json.decode(item, type=ModelCall) for item in raw]
 
 
@@ -69,7 +69,7 @@ class _Recorder:
                 raise RuntimeError("the demo's worker runs with WAKEFUL_REDIS_URL set")
             self._redis = connect(settings.redis_url, max_connections=4)
             self._key = calls_key(settings.prefix)
-        await self._redis.rpush(self._key, msgspec.json.encode(call))  # type: ignore[misc]
+        await self._redis.rpush(self._key, msgspec.json.encode(call))
 
 
 _recorder = _Recorder()

@@ -33,6 +33,7 @@ class SharedEmbedded:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._host = host
         self._server = fakeredis.TcpFakeServer((host, port), server_type="redis")
         self._server.daemon_threads = True  # a connection left open never blocks exit
         self._thread = threading.Thread(
@@ -40,9 +41,13 @@ class SharedEmbedded:
         )
 
     @property
+    def address(self) -> str:
+        """``host:port``."""
+        return f"{self._host}:{self._server.server_address[1]}"
+
+    @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"redis://{host}:{port}/0"
+        return f"redis://{self.address}/0"
 
     def __enter__(self) -> SharedEmbedded:
         self._thread.start()
