@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from wakeful import Runtime, WakefulError
 
-from .demo_worker import STALL_VAR
+from .demo_worker import STALL_VAR, WATCH_VAR
 
 APP = "wakeful.entities.demo_worker:registry"
 T = TypeVar("T")
@@ -94,6 +94,7 @@ class WorkerProcesses:
             WAKEFUL_SHUTDOWN_GRACE_S=str(s.shutdown_grace_s),
             PYTHONUNBUFFERED="1",
         )
+        env[WATCH_VAR] = "1"  # its stdin is a pipe from here: it exits when we are gone
         if stall is not None:
             env[STALL_VAR] = stall
         return env
@@ -109,7 +110,7 @@ class WorkerProcesses:
                 "worker",
                 APP,
                 env=self._env(stall),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
             )

@@ -12,12 +12,18 @@ With ``WAKEFUL_DEMO_STALL=<entity url>`` the first model call of that entity
 that follows a tool result is recorded as stalled and never answered, as a
 slow model would: the demo kills the process there, after the tool call was
 committed and before the next step is.
+
+With ``WAKEFUL_DEMO_WATCH_STDIN=1`` the process exits when its stdin closes: the
+demo holds the other end of that pipe, so a demo that dies (even by ``kill -9``)
+leaves no worker behind, retrying a Redis that went with it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
+import threading
 from collections.abc import Callable
 
 import anyio
@@ -30,6 +36,7 @@ from wakeful.entities import assistant, notes
 from wakeful.models import Model, ModelRequest, ModelResponse
 
 STALL_VAR = "WAKEFUL_DEMO_STALL"
+WATCH_VAR = "WAKEFUL_DEMO_WATCH_STDIN"
 
 
 class ModelCall(msgspec.Struct):
@@ -104,6 +111,15 @@ class RecordedModel:
             _recorder.stalled.add(self.url)
         return after_tool
 
+
+def _exit_with_the_demo() -> None:
+    """Block until stdin closes (the demo is gone), then end this process at once."""
+    sys.stdin.buffer.read()
+    os._exit(1)
+
+
+if os.environ.get(WATCH_VAR) == "1":
+    threading.Thread(target=_exit_with_the_demo, name="demo-watch", daemon=True).start()
 
 registry = Registry()
 notes.register(registry)
