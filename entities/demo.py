@@ -254,6 +254,8 @@ async def _takeover(rt: Runtime, dead: WorkerProcess, new: WorkerProcess, url: s
 
     async def taken() -> bool | None:
         nonlocal shown
+        if not new.alive():
+            raise WakefulError(f"worker {new.name} exited:\n{new.output()}")
         if await rt.partition_owner(partition) == new.id:
             return True
         left = math.ceil(await _lapses_in(rt, dead, new, partition))
@@ -263,7 +265,7 @@ async def _takeover(rt: Runtime, dead: WorkerProcess, new: WorkerProcess, url: s
         return None
 
     await until(taken, 60, f"worker {new.name} to take partition {partition} over")
-    say(" - lapsed.")
+    say(" - lapsed." if shown is not None else " it had lapsed while worker B started.")
     say(f"   Worker {new.name} holds partition {partition} of {url} now; it claims the wake")
     say(f"   worker {dead.name} left unacknowledged and resumes the run from the journal:")
 

@@ -113,8 +113,12 @@ class RecordedModel:
 
 
 def _exit_with_the_demo() -> None:
-    """Block until stdin closes (the demo is gone), then end this process at once."""
-    sys.stdin.buffer.read()
+    """Block until stdin closes (the demo is gone), then end this process at once.
+    ``os.read`` on the descriptor, not ``sys.stdin``: a daemon thread blocked inside a
+    buffered reader aborts the interpreter's own exit (it cannot take the reader's lock)."""
+    fd = sys.stdin.fileno()
+    while os.read(fd, 4096):
+        pass
     os._exit(1)
 
 
