@@ -196,8 +196,8 @@ async def _crash(rt: Runtime, workers: WorkerProcesses, a: WorkerProcess) -> Wor
             say("   (The model answered without calling a tool, so there is no step after a tool")
             say(f"   call to crash in: worker {a.name} is killed between runs instead.)")
         else:
-            say(f"   ... worker {a.name} asks the model for the next step (its model call")
-            say(f"   {stalled.n}), and while it waits for the answer:")
+            say(f"   ... worker {a.name} asks the model for the next step (model call {stalled.n}")
+            say("   of its process) and, while it waits for the answer:")
         say()
         say(f"3. kill -9 {a.pid}: worker {a.name} dies mid-run. Nothing runs after SIGKILL: it")
         say("   hands back no lease and leaves its wake unacknowledged.")
@@ -258,7 +258,7 @@ async def _takeover(rt: Runtime, dead: WorkerProcess, new: WorkerProcess, url: s
             raise WakefulError(f"worker {new.name} exited:\n{new.output()}")
         if await rt.partition_owner(partition) == new.id:
             return True
-        left = math.ceil(await _lapses_in(rt, dead, new, partition))
+        left = math.ceil(await _lapses_in(rt, dead, partition))
         if left > 0 and left != shown:
             say(f" {left} s", end="")
             shown = left
@@ -270,11 +270,19 @@ async def _takeover(rt: Runtime, dead: WorkerProcess, new: WorkerProcess, url: s
     say(f"   worker {dead.name} left unacknowledged and resumes the run from the journal:")
 
 
-async def _lapses_in(rt: Runtime, dead: WorkerProcess, new: WorkerProcess, partition: int) -> float:
-    """Seconds until ``new`` may take ``partition``: the dead worker's lease expires, and
-    while its heartbeat lasts the partition stays assigned to it if the hash says so."""
+async def _lapses_in(rt: Runtime, dead: WorkerProcess, partition: int) -> float:
+    """Seconds until another worker may take ``partition``: the dead worker's lease
+    expires, and while its heartbeat lasts the partition stays assigned to it if the
+    hash says so. The lease and its TTL are read together: a lease the new worker
+    took in between is not the dead one's."""
     store = _store(rt)
-    lease_ms = max(int(await store.redis.pttl(store.keys.lease(partition))), 0)
+    key = store.keys.lease(partition)
+    async with store.redis.pipeline(transaction=True) as pipe:
+        pipe.get(key)
+        pipe.pttl(key)
+        holder, ttl = await pipe.execute()
+    held = holder is not None and holder.decode().rsplit(":", 1)[0] == dead.id
+    lease_ms = max(int(ttl), 0) if held else 0
     live = {w.id: w.expires_in_ms for w in await rt.workers()}
     heartbeat_ms = live.get(dead.id, 0)
     if heartbeat_ms and rendezvous_owner(partition, list(live)) == dead.id:
