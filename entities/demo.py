@@ -202,7 +202,8 @@ async def _crash(rt: Runtime, workers: WorkerProcesses, a: WorkerProcess) -> Wor
         say(f"3. kill -9 {a.pid}: worker {a.name} dies mid-run. Nothing runs after SIGKILL: it")
         say("   hands back no lease and leaves its wake unacknowledged.")
         await a.kill()
-        kept = (await journal(rt, AGENT_URL))[start:]  # what the log holds after the crash
+        after = await journal(rt, AGENT_URL)  # what the log holds after the crash
+        kept = after[start:]
         journaled = _steps(kept)
         results = sum(isinstance(e, ToolOutcome) for e in kept)
         say(
@@ -220,7 +221,7 @@ async def _crash(rt: Runtime, workers: WorkerProcesses, a: WorkerProcess) -> Wor
         say("   (rt.ask waited since before the crash: a client does not see a worker die.)")
         calls = (await recorded_calls(store.redis, rt.settings.prefix))[calls_before:]
         steps = _steps((await journal(rt, AGENT_URL))[start:])
-        _tally(a, b, calls, steps, journaled)
+        _tally(a, b, calls, steps, (journaled, _steps(after)))
     return b
 
 
@@ -291,9 +292,16 @@ async def _lapses_in(rt: Runtime, dead: WorkerProcess, partition: int) -> float:
 
 
 def _tally(
-    a: WorkerProcess, b: WorkerProcess, calls: list[ModelCall], steps: int, journaled: int
+    a: WorkerProcess,
+    b: WorkerProcess,
+    calls: list[ModelCall],
+    steps: int,
+    journaled: tuple[int, int],
 ) -> None:
-    """Say how many times each worker asked the model during the crashed run."""
+    """Say how many times each worker asked the model during the crashed run, and
+    whether the new worker asked for a step the journal held: ``journaled`` is the
+    model steps of the run journaled before the crash, and of the whole conversation."""
+    in_run, in_conversation = journaled
     by_a = [c for c in calls if c.pid == a.pid and c.url == AGENT_URL]
     by_b = [c for c in calls if c.pid == b.pid and c.url == AGENT_URL]
     lost = sum(c.stalled for c in by_a)
@@ -302,16 +310,21 @@ def _tally(
         f"{len(by_a)}, {lost} of them never answered (it was killed waiting); worker B "
         f"(pid {b.pid}) made {len(by_b)}."
     )
-    not_journaled = steps - journaled
-    if len(by_b) == not_journaled:
-        say(
-            f"   model calls by the new worker: {len(by_b)} = {steps} steps - {journaled} journaled"
-        )
-        say("   before the crash: no journaled step was asked again.")
-    else:
+    asked_again = [c for c in by_b if c.prior < in_conversation]
+    not_journaled = steps - in_run
+    if asked_again:
         paragraph(
-            f"model calls by the new worker: {len(by_b)}, but only {not_journaled} of the "
-            f"{steps} steps were not journaled before the crash: a step was asked again."
+            f"model calls by the new worker: {len(by_b)}, {len(asked_again)} of them for a "
+            "step journaled before the crash: a journaled step was asked again."
+        )
+    elif len(by_b) == not_journaled:
+        say(f"   model calls by the new worker: {len(by_b)} = {steps} steps - {in_run} journaled")
+        say("   before the crash: no journaled step was asked again.")
+    else:  # a wake retried (a lease lost on a loaded machine) asks its open step again
+        paragraph(
+            f"model calls by the new worker: {len(by_b)}, each for one of the {not_journaled} "
+            "steps not journaled before the crash (a wake retried before its commit asks "
+            "for its step again): no journaled step was asked again."
         )
 
 

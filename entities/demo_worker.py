@@ -47,6 +47,9 @@ class ModelCall(msgspec.Struct):
     url: str  # the entity whose agent asked
     model: str
     stalled: bool = False  # never answered: the process waits to be killed
+    # The model steps before this one in the conversation (assistant messages in the
+    # request): a call with fewer than the journal holds asks for a journaled step again.
+    prior: int = 0
 
 
 def calls_key(prefix: str) -> str:
@@ -95,7 +98,9 @@ class RecordedModel:
     ) -> ModelResponse:
         stall = self._stalls(request)
         number = next(_recorder.numbers)
-        await _recorder.record(ModelCall(os.getpid(), number, self.url, self.name, stall))
+        prior = sum(message["role"] == "assistant" for message in request.messages)
+        call = ModelCall(os.getpid(), number, self.url, self.name, stall, prior)
+        await _recorder.record(call)
         if stall:
             await anyio.sleep_forever()  # the demo kill -9s this process while it waits
         return await self.inner.complete(request, on_text=on_text)

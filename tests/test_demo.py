@@ -82,6 +82,8 @@ def test_the_new_worker_asks_the_model_only_for_the_steps_not_journaled(demo_out
     )
     assert found, demo_out
     by_a, lost, by_b = map(int, found.groups())
+    assert lost == 1 and by_a >= 2  # A asked for the step it journaled, then for the lost one
+    assert "(run finished: completed, 2 model steps, 1 tool call)" in demo_out
     proof = re.search(
         r"model calls by the new worker: (\d+) = (\d+) steps - (\d+) journaled before the "
         r"crash: no journaled step was asked again\.",
@@ -90,9 +92,7 @@ def test_the_new_worker_asks_the_model_only_for_the_steps_not_journaled(demo_out
     assert proof, demo_out
     new, steps, journaled = map(int, proof.groups())
     assert new == by_b == steps - journaled
-    assert journaled >= 1 and new >= 1 and lost == 1
-    assert by_a == journaled + lost  # A asked for each step it journaled, and the lost one
-    assert "(run finished: completed, 2 model steps, 1 tool call)" in demo_out
+    assert journaled >= 1 and new >= 1
 
 
 def test_the_demo_tells_the_rest_of_the_story(demo_out: str) -> None:
