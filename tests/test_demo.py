@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import REAL_REDIS_URL
 from wakeful.embedded import SharedEmbedded
-from wakeful.entities import demo
+from wakeful.entities import demo_next
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PATH": "/usr/bin:/bin"}  # no key, no WAKEFUL_* settings, the venv not on PATH
@@ -177,8 +177,10 @@ async def test_the_printed_serve_command_serves_the_console(demo_out: str) -> No
 @pytest.fixture
 async def redis_prefix() -> AsyncIterator[str]:
     """A key prefix of its own on the Redis the printed commands name (deleted after)."""
-    if REAL_REDIS_URL != demo.REDIS_HINT:
-        pytest.skip(f"the printed commands name {demo.REDIS_HINT}, the tests' Redis is elsewhere")
+    if REAL_REDIS_URL != demo_next.REDIS_HINT:
+        pytest.skip(
+            f"the printed commands name {demo_next.REDIS_HINT}, the tests' Redis is elsewhere"
+        )
     redis = Redis.from_url(REAL_REDIS_URL)
     try:
         await redis.ping()
@@ -242,7 +244,7 @@ def test_the_command_is_relative_below_the_current_directory(venv_bin, monkeypat
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     checkout = venv_bin.parent.parent
     monkeypatch.chdir(checkout)
-    assert demo.wakeful_command() == str((venv_bin / "wakeful").relative_to(checkout))
+    assert demo_next.wakeful_command() == str((venv_bin / "wakeful").relative_to(checkout))
 
 
 def test_the_command_is_absolute_elsewhere_and_plain_when_on_path(
@@ -250,9 +252,9 @@ def test_the_command_is_absolute_elsewhere_and_plain_when_on_path(
 ) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.chdir(tmp_path)
-    assert demo.wakeful_command() == str((venv_bin / "wakeful").absolute())
+    assert demo_next.wakeful_command() == str((venv_bin / "wakeful").absolute())
     monkeypatch.setenv("PATH", f"{venv_bin}{os.pathsep}/usr/bin:/bin")  # an activated venv
-    assert demo.wakeful_command() == "wakeful"
+    assert demo_next.wakeful_command() == "wakeful"
 
 
 # -- the shared embedded Redis --------------------------------------------------------
