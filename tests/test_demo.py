@@ -272,3 +272,11 @@ async def test_shared_embedded_redis_is_one_keyspace_for_every_client() -> None:
             await second.aclose()
     with pytest.raises(ConnectionError):
         socket.create_connection(("127.0.0.1", int(server.address.rsplit(":", 1)[1])), 1)
+
+
+def test_readme_shared_embedded_example_runs(capsys) -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"To share it with worker processes.*?```python\n(.*?)```", readme, re.S)
+    assert code, "the README's SharedEmbedded example"
+    exec(compile(code.group(1), "README.md", "exec"), {"__name__": "__main__"})
+    assert re.fullmatch(r"redis://127\.0\.0\.1:\d+/0\n", capsys.readouterr().out)
