@@ -17,6 +17,7 @@ works out the arithmetic it finds in its task.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,7 +29,14 @@ import msgspec
 
 from wakeful import HandlerContext, Registry
 from wakeful.compaction import SUMMARY_REQUEST, SUMMARY_SYSTEM
-from wakeful.models import DEFAULT_MODEL, Model, ModelRequest, ModelResponse, ScriptedModel
+from wakeful.models import (
+    DEFAULT_MODEL,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ScriptedModel,
+    resolve_model,
+)
 from wakeful.tools import MEMORY_COLLECTION, calculator, memory_store
 
 ASSISTANT_PROMPT = """\
@@ -60,35 +68,45 @@ def pick_model(fallback: Callable[[], ScriptedModel] | None = None) -> str | Mod
 # -- the entity types ---------------------------------------------------------------
 
 
-async def handle_assistant(ctx: HandlerContext) -> None:
+ModelHook = Callable[[Model, str], Model]
+"""Given the model an agent picked and its entity's URL, the model it uses instead
+(the demo's worker processes wrap each one to report its calls)."""
+
+
+async def handle_assistant(ctx: HandlerContext, wrap_model: ModelHook | None = None) -> None:
     ctx.use_agent(
         system_prompt=ASSISTANT_PROMPT.format(url=ctx.entity_url),
-        model=pick_model(),
+        model=_wrapped(pick_model(), ctx, wrap_model),
         tools=[*ctx.runtime_tools, memory_store(ctx, approve_changes=True), calculator],
     )
     await ctx.agent.run()
 
 
-async def handle_researcher(ctx: HandlerContext) -> None:
+async def handle_researcher(ctx: HandlerContext, wrap_model: ModelHook | None = None) -> None:
     """A plain agent: its run's response is the answer the dispatching parent receives."""
     ctx.use_agent(
         system_prompt=RESEARCHER_PROMPT,
-        model=pick_model(researcher_demo_model),
+        model=_wrapped(pick_model(researcher_demo_model), ctx, wrap_model),
         tools=[calculator],
     )
     await ctx.agent.run()
 
 
-def register(registry: Registry) -> None:
+def _wrapped(model: str | Model, ctx: HandlerContext, wrap_model: ModelHook | None) -> str | Model:
+    return model if wrap_model is None else wrap_model(resolve_model(model), ctx.entity_url)
+
+
+def register(registry: Registry, *, wrap_model: ModelHook | None = None) -> None:
+    """Register ``assistant`` and ``researcher``; ``wrap_model`` wraps each wake's model."""
     registry.register(
         "assistant",
-        handle_assistant,
+        functools.partial(handle_assistant, wrap_model=wrap_model),
         description="Assistant with memory and delegation",
         state={"kv": MEMORY_COLLECTION},
     )
     registry.register(
         "researcher",
-        handle_researcher,
+        functools.partial(handle_researcher, wrap_model=wrap_model),
         description="Works out one research task (with a calculator) and answers with findings",
     )
 

@@ -1,234 +1,168 @@
-"""``wakeful demo``: the notes entity, then the assistant agent, on the embedded default.
+"""``wakeful demo``: a durable entity, an agent, and a worker killed with ``kill -9`` mid-run.
 
-The agent part uses Claude when ``ANTHROPIC_API_KEY`` is set and a scripted
-stand-in otherwise, so the demo always runs offline.
+The demo serves the embedded Redis (a fakeredis) on a local TCP port from its
+own process and runs its workers as real ``wakeful worker`` subprocesses on it
+(:mod:`~wakeful.entities.demo_processes`), so it needs no Redis server. It kills
+the first worker while the agent waits for a model step, after a tool call was
+committed; a second worker takes the partition over once the dead one's lease
+lapses (a short lease, with a countdown) and resumes the run from its journal
+(:mod:`~wakeful.entities.demo_crash`). The model calls each process made are
+recorded in Redis (:mod:`~wakeful.entities.demo_worker`), which shows that the
+new worker asked the model only for the steps that were not journaled. It ends
+with commands to try next (:mod:`~wakeful.entities.demo_next`).
+
+The agent uses Claude when ``ANTHROPIC_API_KEY`` is set and a scripted stand-in
+otherwise, so the demo always runs offline.
 """
 
 from __future__ import annotations
 
-import json
-import textwrap
+import dataclasses
 from typing import Any
 
-import fakeredis
-
-from wakeful.client import Runtime
-from wakeful.config import Settings
-from wakeful.embedded import embedded_redis
+from wakeful import Runtime, Settings, WakefulError
+from wakeful.embedded import SharedEmbedded
 from wakeful.entities import registry
-from wakeful.entities.assistant import pick_model
-from wakeful.errors import WakefulError
 from wakeful.events import (
-    AssistantStep,
     Created,
     LogRecord,
     Message,
     RunFinished,
     StateChanged,
-    ToolOutcome,
-    UserTurn,
 )
 
+from .demo_crash import AGENT_URL, crash, start_worker, timeout
+from .demo_next import print_next_steps
+from .demo_processes import WorkerProcess, WorkerProcesses
+from .demo_transcript import count, journal, print_journal, say, wrapped
 
-def _say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-async def run_demo() -> None:
-    server = fakeredis.FakeServer()  # the embedded Redis: in this process, kept until exit
-    settings = Settings(prefix="demo", snapshot_every=4)
-    url = "/notes/groceries"
-
-    _say("Wakeful demo: a durable 'notes' entity, then an agent that remembers and delegates,")
-    _say("on the embedded Redis (no server, no API key needed).")
-    _say()
-    _say(f"1. Start a runtime (client + worker in this process) and send commands to {url}.")
-    async with Runtime(
-        registry, settings=settings, redis=embedded_redis(server), run_worker=True
-    ) as rt:
-        assert rt.worker is not None
-        first_worker = rt.worker.id
-        for command in ["add buy milk", "add call the plumber", "add water the plants", "done 1"]:
-            event_id = await rt.send(url, command)
-            _say(f"   send {command!r:<26} -> event {event_id}")
-        status = await rt.wait_idle(url)
-        _say(f"   worker {first_worker} woke the entity; status is now {status.status!r}.")
-        _print_notes(await rt.state(url))
-
-    _say()
-    _say("2. That worker is gone. Start a NEW worker on the same Redis and keep talking.")
-    _say("   It has no memory of the entity: it rebuilds the state from the snapshot and log.")
-    async with Runtime(
-        registry, settings=settings, redis=embedded_redis(server), run_worker=True
-    ) as rt:
-        assert rt.worker is not None
-        for command in ["done 3", "add book flights", "clear", "fly to the moon"]:
-            event_id = await rt.send(url, command)
-            _say(f"   send {command!r:<26} -> event {event_id}")
-        status = await rt.wait_idle(url)
-        _say(f"   worker {rt.worker.id} woke the entity; status is now {status.status!r}.")
-        state: dict[str, list[Any]] = await rt.state(url)
-        _print_notes(state)
-        if state["rejected"]:
-            _say("   Rejected commands (kept as data, not errors):")
-            for row in state["rejected"]:
-                _say(f"     {row['text']!r}: {row['reason']}")
-
-        _say()
-        _say("3. The entity log is the source of truth. Every input and every committed write:")
-        async for record in rt.events(url):
-            if not isinstance(record, LogRecord):  # an undecodable entry: say so, go on
-                _say(f"   {record.id:<18} (unreadable)")
-                continue
-            event = record.event
-            if isinstance(event, Created):
-                what = f"created (type {event.type})"
-            elif isinstance(event, Message):
-                what = f"message {event.payload!r}"
-            elif isinstance(event, StateChanged):
-                what = "state: " + ", ".join(
-                    f"{op.op} {op.collection}[{op.key!r}]" for op in event.ops
-                )
-            else:
-                what = type(event).__name__
-            _say(f"   {record.id:<18} {what}")
-        snap = await rt.store.snapshot(url) if rt.store else None
-        _say()
-        _say(
-            "   A snapshot of the state was written"
-            if snap
-            else f"   No snapshot yet (one is written every {settings.snapshot_every} log entries)"
-        )
-    _say()
-    async with Runtime(
-        registry, settings=settings, redis=embedded_redis(server), run_worker=True
-    ) as rt:
-        await _agent_demo(rt)
-    _say()
-    _say("Done. Next: run a worker on a real Redis with")
-    _say("   wakeful worker wakeful.entities:registry --redis redis://127.0.0.1:6379/0")
-
-
-def _print_notes(state: dict[str, list[Any]]) -> None:
-    notes = state["notes"]
-    _say(f"   The entity's 'notes' collection now holds {len(notes)} notes:")
-    for note in sorted(notes, key=lambda n: n["id"]):
-        mark = "x" if note["done"] else " "
-        _say(f"     [{mark}] {note['id']}. {note['text']}")
-
-
-# -- the agent part --------------------------------------------------------------------
-
-AGENT_URL = "/assistant/demo"
+# A short lease: a dead worker's partitions are free again after 2 s (its heartbeat,
+# which keeps the partitions assigned to it, lapses after twice that).
+SETTINGS = Settings(
+    prefix="demo", partitions=4, lease_ttl_ms=2000, snapshot_every=4, shutdown_grace_s=10
+)
+NOTES_URL = "/notes/groceries"
 AGENT_QUESTIONS = [
-    "Remember that my favourite colour is teal.",
     "What is my favourite colour?",
     "Please research how many minutes sunlight takes to reach Earth. The Sun is "
     "149597870.7 km away and light travels 299792.458 km/s: 149597870.7 / 299792.458 / 60.",
 ]
 
 
-async def _agent_demo(rt: Runtime) -> None:
-    model = pick_model()
-    if isinstance(model, str):
-        which, timeout = f"Claude ({model}), because ANTHROPIC_API_KEY is set", 180.0
-    else:
-        which = "ScriptedModel (no ANTHROPIC_API_KEY: a scripted stand-in picks each step)"
-        timeout = 30.0
-    _say(f"4. An agent, {AGENT_URL}, with memory, a calculator and delegation.")
-    _say(f"   Model: {which}.")
-    _say("   Its conversation is journaled in its log; rt.ask waits for the run and for the")
-    _say("   children it dispatched, and returns the response of the last run.")
-    shown = 0
+async def run_demo() -> None:
+    say("Wakeful demo: a durable 'notes' entity, then an agent that remembers and delegates,")
+    say("with a worker process killed (kill -9) in the middle of an agent run.")
+    say("No Redis server and no API key needed.")
+    say()
+    with SharedEmbedded() as server:
+        settings = dataclasses.replace(SETTINGS, redis_url=server.url)
+        async with (
+            Runtime(registry, settings=settings, run_worker=False) as rt,
+            WorkerProcesses(rt) as workers,
+        ):
+            say(f"0. The embedded Redis (a fakeredis) listens on {server.address}, served by this")
+            say("   process so that worker processes can share it; it goes when the demo ends.")
+            say("   This process is only a client: it sends and reads. The workers run apart.")
+            a = await start_worker(workers, "A", stall=AGENT_URL)
+            await _notes(rt, a, ["add buy milk", "add call the plumber", "add water the plants"])
+            b = await crash(rt, workers, a)
+            await _more_agent(rt)
+            await _notes_after_the_crash(rt, b)
+            say()
+            say(f"5. Stop worker B gracefully (SIGTERM, pid {b.pid}): it finishes its wakes and")
+            say("   hands its leases back, so a next worker would not wait for them.")
+            code = await b.stop(settings.shutdown_grace_s + 5)
+            say(f"   Worker B exited with code {code}. The embedded Redis goes with the demo.")
+    print_next_steps()
+
+
+# -- the notes entity ------------------------------------------------------------------
+
+
+async def _notes(rt: Runtime, a: WorkerProcess, commands: list[str]) -> None:
+    say()
+    say(f"1. Send commands to {NOTES_URL} (a to-do list; no model).")
+    await _send_all(rt, [*commands, "done 1"])
+    status = await rt.wait_idle(NOTES_URL)
+    say(f"   Worker {a.name} woke the entity; its status is now {status.status!r}.")
+    _print_notes(await rt.state(NOTES_URL))
+
+
+async def _send_all(rt: Runtime, commands: list[str]) -> None:
+    for command in commands:
+        event_id = await rt.send(NOTES_URL, command)
+        say(f"   send {command!r:<26} -> event {event_id}")
+
+
+def _print_notes(state: dict[str, list[Any]]) -> None:
+    notes = state["notes"]
+    say(f"   The entity's 'notes' collection now holds {len(notes)} notes:")
+    for note in sorted(notes, key=lambda n: n["id"]):
+        mark = "x" if note["done"] else " "
+        say(f"     [{mark}] {note['id']}. {note['text']}")
+
+
+async def _notes_after_the_crash(rt: Runtime, b: WorkerProcess) -> None:
+    say()
+    say(f"4. Back to {NOTES_URL}. Worker B never saw it: it rebuilds the state from the")
+    say("   snapshot and the log that worker A left.")
+    await _send_all(rt, ["done 3", "add book flights", "clear", "fly to the moon"])
+    status = await rt.wait_idle(NOTES_URL)
+    say(f"   Worker {b.name} woke the entity; its status is now {status.status!r}.")
+    state: dict[str, list[Any]] = await rt.state(NOTES_URL)
+    _print_notes(state)
+    if state["rejected"]:
+        say("   Rejected commands (kept as data, not errors):")
+        for row in state["rejected"]:
+            say(f"     {row['text']!r}: {row['reason']}")
+    say()
+    say("   The entity log is the source of truth. Every input and every committed write:")
+    async for record in rt.events(NOTES_URL):
+        if not isinstance(record, LogRecord):  # an undecodable entry: say so, go on
+            say(f"   {record.id:<18} (unreadable)")
+            continue
+        event = record.event
+        if isinstance(event, Created):
+            what = f"created (type {event.type})"
+        elif isinstance(event, Message):
+            what = f"message {event.payload!r}"
+        elif isinstance(event, StateChanged):
+            what = "state: " + ", ".join(f"{op.op} {op.collection}[{op.key!r}]" for op in event.ops)
+        else:
+            what = type(event).__name__
+        say(f"   {record.id:<18} {what}")
+    snap = await rt.store.snapshot(NOTES_URL) if rt.store else None
+    every = rt.settings.snapshot_every
+    say()
+    say(
+        "   A snapshot of the state was written"
+        if snap
+        else f"   No snapshot yet (one is written every {every} log entries)"
+    )
+
+
+# -- the agent after the crash ----------------------------------------------------------
+
+
+async def _more_agent(rt: Runtime) -> None:
+    say()
+    say("   Worker B goes on with the conversation (the memory survived the crash), and")
+    say("   delegates research to a child agent.")
+    shown = len(await journal(rt, AGENT_URL))
     for question in AGENT_QUESTIONS:
-        _say()
+        say()
         try:
-            answer = await rt.ask(AGENT_URL, question, timeout=timeout)
+            answer = await rt.ask(AGENT_URL, question, timeout=timeout())
         except WakefulError as exc:
             answer = None
-            _say(f"   rt.ask failed: {exc}")
-        shown = await _print_journal(rt, AGENT_URL, shown, indent="   ")
+            say(f"   rt.ask failed: {exc}")
+        shown = await print_journal(rt, AGENT_URL, shown, indent="   ")
         if answer is not None:
-            _wrapped("   ", "rt.ask ->", repr(answer))
+            wrapped("   ", "rt.ask ->", repr(answer))
     state: dict[str, list[Any]] = await rt.state(AGENT_URL)
-    _say()
-    _say(f"   The assistant's 'kv' collection (its memory) holds {len(state['kv'])} row(s):")
+    say()
+    say(f"   The assistant's 'kv' collection (its memory) holds {len(state['kv'])} row(s):")
     for row in state["kv"]:
-        _say(f"     {row['key']} = {row['value']}")
-
-
-async def _journal(rt: Runtime, url: str) -> list[Any]:
-    """The agent journal of ``url`` (and its finished runs), in log order."""
-    kinds = (UserTurn, AssistantStep, ToolOutcome, RunFinished)
-    return [
-        r.event
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, kinds)
-    ]
-
-
-async def _print_journal(rt: Runtime, url: str, skip: int, indent: str) -> int:
-    """Print the journal of ``url`` after its first ``skip`` entries; return how many there are.
-
-    After a run that dispatched children, the children's runs are printed
-    (indented) before the parent's next run, which is where they happened.
-    """
-    journal = await _journal(rt, url)
-    me = url.split("/")[1] + ":"
-    dispatched: list[str] = []
-    for event in journal[skip:]:
-        if isinstance(event, UserTurn):
-            for block in event.content:
-                text = block.get("text", "")
-                if text.startswith("[message from"):
-                    _wrapped(indent, "message:", text)
-                else:
-                    _wrapped(indent, "wake:" if text.startswith("[/") else "user:", text)
-        elif isinstance(event, AssistantStep):
-            for block in event.content:
-                if block.get("type") == "text" and block["text"].strip():
-                    _wrapped(indent, me, block["text"])
-                elif block.get("type") == "tool_use":
-                    _wrapped(indent, "  calls", f"{block['name']} {_brief(block.get('input'))}")
-        elif isinstance(event, ToolOutcome):
-            text = "".join(b.get("text", "") for b in event.content)
-            _wrapped(indent, "  error" if event.is_error else "  result", text)
-            spawned = event.name in ("spawn_agent", "dispatch")  # "dispatch" in older logs
-            if spawned and isinstance(event.details, dict):
-                dispatched.append(event.details["child"])
-        elif isinstance(event, RunFinished):
-            _say(
-                f"{indent}(run finished: {event.status}, {_count(event.steps, 'model step')}, "
-                f"{_count(event.tool_calls, 'tool call')})"
-            )
-            for child in dispatched:
-                status = await rt.status(child)
-                _say(f"{indent}| meanwhile {child} (type {status.type}, parent {status.parent}):")
-                await _print_journal(rt, child, 0, indent + "|   ")
-            dispatched = []
-    return len(journal)
-
-
-def _brief(arguments: Any, limit: int = 60) -> str:
-    """Tool arguments as JSON, long strings cut (the full text is shown where it arrives)."""
-    if isinstance(arguments, dict):
-        arguments = {
-            k: v[:limit] + "..." if isinstance(v, str) and len(v) > limit else v
-            for k, v in arguments.items()
-        }
-    return json.dumps(arguments, ensure_ascii=False)
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def _wrapped(indent: str, label: str, text: str, width: int = 100) -> None:
-    """``label`` then ``text``, wrapped, continuation lines aligned under the text."""
-    first = f"{indent}{label:<12}"
-    pad = indent + " " * 12
-    out = []
-    for n, line in enumerate(text.splitlines() or [""]):
-        start = first if n == 0 else pad
-        out.append(textwrap.fill(line, width, initial_indent=start, subsequent_indent=pad) or start)
-    _say("\n".join(out))
+        say(f"     {row['key']} = {row['value']}")
+    finished = [e for e in await journal(rt, AGENT_URL) if isinstance(e, RunFinished)]
+    say(f"   {AGENT_URL} finished {count(len(finished), 'run')}.")

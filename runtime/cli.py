@@ -1,6 +1,6 @@
 """The ``wakeful`` command line.
 
-    wakeful demo                         run the demo on the embedded default
+    wakeful demo                         the demo: a worker killed mid-run, resumed (embedded)
     wakeful worker APP                   run a worker for the registry APP (module:attr)
     wakeful serve APP                    the HTTP gateway and web console
     wakeful send URL TEXT                send a message, print its event id

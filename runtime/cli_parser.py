@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command(
         "demo",
-        "run the demo on the embedded default (no Redis, no API key)",
+        "run the demo: workers on a shared embedded Redis, one killed mid-run (no Redis, "
+        "no API key)",
         redis=False,
         json=False,
     )

@@ -17,6 +17,7 @@ if needs_install; then
     "$PY" -m venv .venv
   fi
   if needs_install; then
+    echo "Installing Wakeful${EXTRA:+[$EXTRA]} into .venv (first run: a minute or two) ..." >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".${EXTRA:+[$EXTRA]}"
     touch "$STAMP"
