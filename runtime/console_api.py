@@ -38,6 +38,7 @@ from .client import Runtime
 from .errors import EntityNotFoundError, HTTPError, InvalidUrlError
 from .events import HandlerFailed, LogRecord, TrimmedRecord, UndecodableRecord, client_view
 from .http_input import query_int, resume_position
+from .openapi import CONSOLE_PAGE, JOURNAL_PAGE, TREE_DEPTH
 from .status import STATUSES, EntityStatus
 from .streamids import id_gt
 from .urls import ID_MAX, parse_url, validate_type_name
@@ -45,10 +46,7 @@ from .urls import ID_MAX, parse_url, validate_type_name
 Identity = dict[str, str]
 Handler = Callable[[Request], Awaitable[Response]]
 
-LIST_PAGE = 200  # most entities one page of GET /entities holds
 SCAN_LIMIT = 2000  # most entities one request reads the status of (the rest: ?after=next)
-JOURNAL_PAGE = 1000  # most log entries one page of the journal holds
-TREE_DEPTH = 8  # levels of children the tree goes down at most
 TREE_NODES = 500  # children the tree holds at most
 READS_AT_ONCE = 16  # status reads in flight for one listing
 
@@ -81,7 +79,7 @@ def routes(parts: GatewayParts) -> list[Route]:
             validate_type_name(type_name)
         search = _text_query(request, "q")
         after = _text_query(request, "after")
-        limit = query_int(request, "limit", 50, 1, LIST_PAGE)
+        limit = query_int(request, "limit", 50, 1, CONSOLE_PAGE)
         urls = await runtime.list(type_name)
         candidates = [u for u in urls if u > after and search in u]
         page, scanned = await _page(parts, identity, candidates, wanted, limit)
