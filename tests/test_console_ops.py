@@ -21,6 +21,7 @@ from tests.test_console import browser_page, serving
 from wakeful import HandlerContext, Registry, Wake
 from wakeful.entities import assistant, notes
 from wakeful.errors import EntityNotFoundError
+from wakeful.events import RunFinished
 from wakeful.gateway import bearer_tokens, create_app
 from wakeful.urls import ID_PATTERN
 
@@ -323,9 +324,24 @@ async def test_resume_a_failed_entity_with_its_button(ops, page, shot):
     assert (await rt.status("/flaky/f1")).status == "failed"
     await resume.click()
     await confirm(page)
+    await page.locator(".note", has_text="resumed /flaky/f1: its inputs are retried").wait_for()
     await page.locator("#status .status-idle").wait_for()
     await page.locator("#resume:disabled").wait_for()
     assert (await rt.status("/flaky/f1")).status == "idle"
+    finished = [r.event async for r in rt.events("/flaky/f1") if isinstance(r.event, RunFinished)]
+    assert finished[-1].status == "completed" and finished[-1].response == "done job"
+    # Resume skipping the inputs it failed on: the page lists them.
+    FLAKY["failing"] = True
+    await rt.send("/flaky/f2", "job")
+    assert (await rt.wait_idle("/flaky/f2")).status == "failed"
+    await opened(page, base, "/flaky/f2")
+    await page.locator("#resume:enabled").click()
+    await page.check("#confirm-check")
+    await confirm(page)
+    skipped = page.locator(".note", has_text="resumed /flaky/f2, skipping the input(s)")
+    await skipped.wait_for()
+    await page.locator("#status .status-idle").wait_for()
+    assert (await rt.status("/flaky/f2")).status == "idle"
 
 
 async def test_cancel_is_enabled_only_while_a_run_runs(ops, page):

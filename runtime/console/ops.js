@@ -109,11 +109,15 @@ function drawButtons(overview) {
   $("#delete").disabled = !overview;
 }
 
-// A confirmation in the page (a <dialog>): resolves to true when confirmed.
-function confirmAction(text, confirmLabel) {
+// A confirmation in the page (a <dialog>): resolves to true when confirmed. With
+// `option`, a checkbox of that text is offered (read it as $("#confirm-check").checked).
+function confirmAction(text, confirmLabel, option = null) {
   const dialog = $("#confirm");
   $("#confirm-text").textContent = text;
   $("#confirm-yes").textContent = confirmLabel;
+  $("#confirm-option").hidden = !option;
+  $("#confirm-option-text").textContent = option || "";
+  $("#confirm-check").checked = false;
   dialog.returnValue = "";
   dialog.showModal();
   return new Promise((resolve) => {
@@ -121,9 +125,9 @@ function confirmAction(text, confirmLabel) {
   });
 }
 
-async function entityAction(button, question, label, act) {
+async function entityAction(button, question, label, act, option = null) {
   const url = app.url;
-  if (!url || !(await confirmAction(question(url), label))) return;
+  if (!url || !(await confirmAction(question(url), label, option))) return;
   button.disabled = true;
   try {
     const note = await act(url);
@@ -142,9 +146,13 @@ $("#resume").addEventListener("click", (e) =>
     (url) => `Resume ${url}? Its worker retries the inputs it failed on.`,
     "Resume",
     async (url) => {
-      await api("POST", entityPath(url, "/resume"), {});
-      return `resumed ${url}: its inputs are retried`;
+      const skip = $("#confirm-check").checked;
+      const answer = await api("POST", entityPath(url, "/resume"), { skip_failed: skip });
+      return answer.skipped.length
+        ? `resumed ${url}, skipping the input(s) it failed on: ${answer.skipped.join(", ")}`
+        : `resumed ${url}: its inputs are retried`;
     },
+    "skip the inputs it failed on (they are dead-lettered, the rest run)",
   ),
 );
 
