@@ -202,7 +202,7 @@ async def _page(
     scanned = 0
     batch = 100
     while scanned < len(candidates) and scanned < SCAN_LIMIT and len(out) < limit:
-        chunk = candidates[scanned : scanned + batch]
+        chunk = candidates[scanned : scanned + min(batch, SCAN_LIMIT - scanned)]
         may = set(await readable(parts.policy, parts.runtime, identity, chunk, len(chunk)))
         rows = await _rows(parts.runtime, [u for u in chunk if u in may])
         for url in chunk:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from wakeful import HandlerContext, Registry, Wake
+from wakeful import HandlerContext, Registry, Wake, console_api
 from wakeful.entities import notes
 from wakeful.events import HandlerFailed
 from wakeful.gateway import bearer_tokens, create_app
@@ -175,3 +175,18 @@ async def test_the_tree_goes_down_every_level_with_each_status(cluster):
         shallow = (await http.get("/entities/tree/root/tree?depth=1")).json()
         assert shallow["truncated"] is True and shallow["children"][0]["more"] is True
         assert "children" not in shallow["children"][0]
+
+
+async def test_a_listing_reads_a_bounded_number_of_statuses(cluster, monkeypatch):
+    """A rare status is found page by page: one request reads at most SCAN_LIMIT
+    statuses and says where the next one starts, even with nothing found yet."""
+    monkeypatch.setattr(console_api, "SCAN_LIMIT", 2)
+    rt = await cluster.runtime(ops_registry())
+    for n in range(3):
+        await rt.send(f"/echo/e{n}", "hi")
+    await rt.wait_all_idle()
+    async with http_for(rt) as http:
+        first = (await http.get("/entities?status=failed")).json()
+        assert first["entities"] == [] and first["next"] == "/echo/e1"
+        last = (await http.get("/entities?status=failed&after=/echo/e1")).json()
+        assert last == {**last, "entities": [], "next": None}

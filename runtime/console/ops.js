@@ -446,7 +446,11 @@ async function loadEntities(more) {
     for (const row of page.entities) body.append(entityRow(row));
     ops.next = page.next;
     $("#entities-more").hidden = !page.next;
-    $("#entities-empty").hidden = body.rows.length > 0 || Boolean(page.next);
+    // One request reads a bounded number of entities: "next" may come with nothing found yet.
+    $("#entities-empty").hidden = body.rows.length > 0;
+    $("#entities-empty").textContent = page.next
+      ? "None found so far: More searches further."
+      : "No entity matches.";
     showError(null);
   } catch (error) {
     showError(error.status === 401 ? new Error("Enter a bearer token to use this gateway.") : error);
