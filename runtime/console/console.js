@@ -146,6 +146,7 @@ async function openEntity(type, id, { full = false, create = false } = {}) {
   $("#messages").replaceChildren();
   clearPanels();
   $("#entity-title").textContent = url;
+  delete $("#entity-title").dataset.connection; // not connected to this one yet
   $("#entity-type").value = type;
   $("#entity-id").value = id;
   const hash = app.tab === "chat" ? `#${url}` : `#${url}/${app.tab}`;
