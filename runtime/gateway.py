@@ -8,6 +8,8 @@ status code below):
     GET  /openapi.json                              this API
     GET  /workers                                   live workers, their partitions, and the
                                                     partitions no live worker serves
+    GET  /entities, .../{id}/overview, /journal, /tree  the console's operator reads
+                                                    (console_api.py)
     GET  /entities/{type}                           urls of the type's entities the caller may
                                                     read, sorted (?limit=, ?after=<last url>)
     POST /entities/{type}/{id}                      create (get-or-create) {args, message}
@@ -64,7 +66,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from . import health
+from . import console_api, health
 from .actions import (
     ActionError,
     ActionNotAuthorizedError,
@@ -528,6 +530,7 @@ def create_app(
         return _CountedStream(stream, lambda: slots.give_back(key))
 
     base = "/entities/{type}/{id}"
+    console = console_api.GatewayParts(runtime, policy, caller, entity, endpoint, JSONResponse)
     guards = [] if allowed_hosts is None else [Middleware(HostAllowList, hosts=allowed_hosts)]
     return Starlette(
         middleware=guards,
@@ -539,6 +542,7 @@ def create_app(
             Route("/manifest", manifest),
             Route("/openapi.json", openapi),
             Route("/workers", workers),
+            *console_api.routes(console),  # the console's operator reads
             Route("/entities/{type}", listing, methods=["GET"]),
             Route(base, entity_root, methods=["GET", "POST", "DELETE"]),
             Route(base + "/resume", resume, methods=["POST"]),

@@ -80,6 +80,62 @@ _ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
     ),
 ]
 
+
+def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    param = {"name": name, "in": "query", "schema": schema}
+    return {**param, "description": description} if description else param
+
+
+CONSOLE_PAGE = 200  # entities per page of GET /entities
+JOURNAL_PAGE = 1000  # entries per page of GET .../journal
+TREE_DEPTH = 8  # levels GET .../tree goes down at most
+# The console's operator reads (console_api.py).
+_CONSOLE_PATHS: dict[str, Any] = {
+    "/entities": {
+        "get": {
+            "summary": "Every entity the caller may read, across types, with its status and lag",
+            "parameters": [
+                _query("status", _TEXT, "statuses, comma-separated (failed,waiting,...)"),
+                _query("type", {"type": "string", "maxLength": TYPE_MAX}),
+                _query("q", {"type": "string", "maxLength": 270}, "a part of the url"),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": CONSOLE_PAGE}),
+                _query(
+                    "after", {"type": "string", "maxLength": 270}, "the next page: the last 'next'"
+                ),
+            ],
+            "responses": {
+                "200": {"description": "ok"},
+                **{str(c): _ERROR for c in (400, 401, 404)},
+            },
+        }
+    },
+    "/entities/{type}/{id}/overview": {
+        "get": _op("Status, lag, partition and the worker serving it", 400, 401, 403, 404)
+    },
+    "/entities/{type}/{id}/journal": {
+        "get": _op(
+            "The log, every event decoded (errors redacted, no tracebacks), a page at a time",
+            400,
+            401,
+            403,
+            404,
+            params=[
+                _query("after", _TEXT, "an entry id: the page after it"),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": JOURNAL_PAGE}),
+            ],
+        )
+    },
+    "/entities/{type}/{id}/tree": {
+        "get": _op(
+            "Children, their children, ... with each one's status",
+            400,
+            401,
+            403,
+            404,
+            params=[_query("depth", {"type": "integer", "minimum": 1, "maximum": TREE_DEPTH})],
+        )
+    },
+}
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Wakeful gateway", "version": "1"},
@@ -313,6 +369,7 @@ OPENAPI: dict[str, Any] = {
             }
             for verb, summary, body in _ANSWERS
         },
+        **_CONSOLE_PATHS,
     },
 }
 for _operations in OPENAPI["paths"].values():

@@ -9,6 +9,9 @@
 //
 // The page offers one client tool to the agent, getSelectedText, and answers it
 // itself with the text selected in the "Page text" panel.
+//
+// The operator's views (every entity, workers, an entity's journal and tree, the
+// resume/cancel/delete buttons) are in ops.js, loaded after this file.
 "use strict";
 
 const CLIENT_TOOLS = [
@@ -43,6 +46,8 @@ const app = {
   refreshes: 0, // the latest side-panel read; older answers are dropped
   selection: "",
   refreshTimer: null,
+  tab: "chat", // the open entity's view: chat | journal | tree
+  listing: 0, // the latest sidebar listing; older answers are dropped
 };
 
 // -- HTTP ------------------------------------------------------------------------
@@ -55,9 +60,10 @@ function requestHeaders(extra = {}) {
 }
 
 class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, kind = null) {
     super(message);
     this.status = status;
+    this.kind = kind; // the error type the gateway named (UnknownEntityTypeError, ...)
   }
 }
 
@@ -76,7 +82,8 @@ async function api(method, path, body, extraHeaders) {
   }
   if (!response.ok) {
     const detail = data && data.error ? `${data.error.type}: ${data.error.message}` : text;
-    throw new ApiError(response.status, `${method} ${path} failed (${response.status}): ${detail}`);
+    const kind = data && data.error ? data.error.type : null;
+    throw new ApiError(response.status, `${method} ${path} failed (${response.status}): ${detail}`, kind);
   }
   return data;
 }
@@ -109,6 +116,7 @@ async function loadTypes() {
       ...manifest.types.map((t) => new Option(t.name, t.name, false, t.name === current)),
     );
     showError(null);
+    typesLoaded(manifest.types.map((t) => t.name)); // ops.js: the filters
     refreshEntities();
   } catch (error) {
     showError(error.status === 401 ? new Error("Enter a bearer token to use this gateway.") : error);
@@ -121,6 +129,13 @@ async function loadTypes() {
 // page cannot make this console create entities in the user's name.
 async function openEntity(type, id, { full = false, create = false } = {}) {
   const url = `/${type}/${id}`;
+  showView("entity");
+  const problem = urlProblem(type, id);
+  if (problem) {
+    closeStream();
+    ++app.generation;
+    return openFailed(app.generation, new Error(problem));
+  }
   closeStream();
   clearTimeout(app.refreshTimer); // a refresh of the entity open before must not draw here
   const generation = ++app.generation;
@@ -131,14 +146,19 @@ async function openEntity(type, id, { full = false, create = false } = {}) {
   $("#messages").replaceChildren();
   clearPanels();
   $("#entity-title").textContent = url;
+  delete $("#entity-title").dataset.connection; // not connected to this one yet
   $("#entity-type").value = type;
   $("#entity-id").value = id;
-  if (location.hash !== `#${url}`) history.replaceState(null, "", `#${url}`);
+  const hash = app.tab === "chat" ? `#${url}` : `#${url}/${app.tab}`;
+  if (location.hash !== hash) history.replaceState(null, "", hash);
   setComposer(false);
+  entityOpening(url);
   try {
     await api("GET", entityPath(url));
   } catch (error) {
-    if (error.status !== 404) return openFailed(generation, error);
+    if (error.status !== 404 || error.kind !== "EntityNotFoundError") {
+      return openFailed(generation, error); // not a missing entity: an unknown type, ...
+    }
     if (!create) return offerCreate(generation, type, id);
     try {
       await api("POST", entityPath(url), {}); // a new entity, as the user asked
@@ -153,6 +173,7 @@ async function openEntity(type, id, { full = false, create = false } = {}) {
   follow(url, generation, full);
   refreshPanels();
   refreshEntities();
+  showTab(app.tab);
 }
 
 function offerCreate(generation, type, id) {
@@ -173,14 +194,39 @@ function offerCreate(generation, type, id) {
   $("#messages").replaceChildren(prompt);
 }
 
+// Nothing is open after a failed open: no stale title, no "loading" status.
 function openFailed(generation, error) {
   if (generation !== app.generation) return;
   app.url = null; // nothing is open: no panel refresh may run for it
+  setComposer(false);
+  $("#messages").replaceChildren();
+  clearPanels();
+  $("#status").innerHTML = "<dt>entity</dt><dd>none open</dd>";
+  delete $("#entity-title").dataset.connection;
+  $("#entity-title").textContent = "No entity open.";
+  document.title = "Wakeful console";
+  entityClosed();
   showError(error);
 }
 
+// Why `type` and `id` make no entity url (runtime/urls.py's rules), or null.
+const TYPE_RE = /^[a-z][a-z0-9_-]{0,63}$/;
+const ID_RE = new RegExp(`^(?:${$("#entity-id").getAttribute("pattern")})$`, "v");
+function urlProblem(type, id) {
+  if (!TYPE_RE.test(type)) return `Not an entity type: ${JSON.stringify(type)}.`;
+  const known = [...$("#entity-type").options].map((o) => o.value);
+  if (known.length && !known.includes(type)) {
+    return `Unknown entity type: ${JSON.stringify(type)} (this gateway serves ${known.join(", ")}).`;
+  }
+  if (!id) return "Enter an entity id.";
+  if (id.length > 200 || !ID_RE.test(id)) {
+    return `Not an entity id: ${JSON.stringify(id)} (${$("#entity-id").title}).`;
+  }
+  return null;
+}
+
 function setComposer(enabled) {
-  for (const el of ["#input", "#send", "#cancel-run"]) $(el).disabled = !enabled;
+  for (const el of ["#input", "#send"]) $(el).disabled = !enabled;
 }
 
 function clearPanels() {
@@ -288,6 +334,7 @@ function setConnection(state) {
   if (!app.url) return;
   $("#entity-title").dataset.connection = state;
   $("#entity-title").textContent = `${app.url} · ${state}`;
+  document.title = `${app.url} · Wakeful console`;
 }
 
 // Draws one server-sent event; returns its id (the position to resume after).
@@ -521,13 +568,14 @@ async function refreshPanels() {
   const refresh = ++app.refreshes;
   try {
     const [status, actions, children, state] = await Promise.all([
-      api("GET", entityPath(url)),
+      api("GET", entityPath(url, "/overview")),
       api("GET", entityPath(url, "/actions")),
       api("GET", entityPath(url, "/children")),
       api("GET", entityPath(url, "/state")),
     ]);
     if (url !== app.url || refresh !== app.refreshes) return; // a newer read is drawn
     drawStatus(status);
+    drawOverview(status);
     drawActions(actions);
     drawChildren(children);
     drawState(state);
@@ -554,6 +602,11 @@ function drawStatus(status) {
   ];
   if (status.run) rows.push(["run", runText(status.run)]);
   if (status.last_run) rows.push(["last run", runText(status.last_run)]);
+  if (status.lag) rows.push(["lag", lagText(status.lag)]);
+  if (status.attempts) rows.push(["attempts", status.attempts]);
+  if (status.partition !== undefined) {
+    rows.push(["partition", `${status.partition} (${status.served_by || "no live worker"})`]);
+  }
   if (status.parent) rows.push(["parent", status.parent]);
   if (status.error) rows.push(["error", status.error]);
   $("#status").replaceChildren(
@@ -687,7 +740,9 @@ function drawChildren(children) {
     const status = row.insertCell();
     status.textContent = child.pending ? "running" : child.status;
     status.className = `status-${status.textContent}`;
-    row.insertCell().textContent = child.response || child.error || "";
+    const said = row.insertCell(); // a long answer is cut (all of it in the tooltip)
+    said.title = child.response || child.error || "";
+    said.textContent = short(said.title, 200);
   }
   box.replaceChildren(table);
 }
@@ -725,11 +780,16 @@ function drawState(state) {
   );
 }
 
+// The sidebar's list: entities of the open entity's type (of the type picked in the form
+// while none is open); an answer that comes back after a newer one was asked for is dropped.
 async function refreshEntities() {
-  const type = $("#entity-type").value;
+  const type = app.url ? app.url.split("/")[1] : $("#entity-type").value;
   if (!type) return;
+  const listing = ++app.listing;
   try {
     const urls = await api("GET", `/entities/${encodeURIComponent(type)}`);
+    if (listing !== app.listing) return;
+    $("#entities-heading").textContent = `Entities of type ${type}`;
     $("#entities").replaceChildren(
       ...urls.map((url) => {
         const li = document.createElement("li");
@@ -773,11 +833,26 @@ async function sendMessage() {
   }
 }
 
+// #/type/id (the chat), #/type/id/journal, #/type/id/tree, #entities?..., #workers.
 function openFromHash() {
-  const match = /^#\/([^/]+)\/([^/]+)$/.exec(location.hash);
-  if (match) openEntity(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
+  const hash = location.hash;
+  if (hash.startsWith("#entities")) return showEntities(new URLSearchParams(hash.split("?")[1] || ""));
+  if (hash === "#workers") return showWorkers();
+  const match = /^#\/([^/]*)\/([^/]*)(?:\/(chat|journal|tree))?$/.exec(hash);
+  if (!match) return;
+  const [type, id] = [decodeURIComponent(match[1]), decodeURIComponent(match[2])];
+  app.tab = match[3] || "chat";
+  if (app.url === `/${type}/${id}`) {
+    showView("entity");
+    return showTab(app.tab);
+  }
+  openEntity(type, id);
 }
 
+// The browser checks the id against its pattern before the form is submitted: say why.
+$("#entity-id").addEventListener("invalid", () => {
+  showError(new Error(urlProblem($("#entity-type").value, $("#entity-id").value.trim()) || $("#entity-id").validationMessage));
+});
 $("#open-form").addEventListener("submit", (e) => {
   e.preventDefault();
   openEntity($("#entity-type").value, $("#entity-id").value.trim(), { create: true });
@@ -792,14 +867,9 @@ $("#input").addEventListener("keydown", (e) => {
     sendMessage();
   }
 });
-$("#cancel-run").addEventListener("click", async () => {
-  try {
-    await api("POST", entityPath(app.url, "/cancel"), { reason: "cancelled in the console" });
-  } catch (error) {
-    showError(error);
-  }
+$("#entity-type").addEventListener("change", () => {
+  if (!app.url) refreshEntities(); // with an entity open, the list stays of its type
 });
-$("#entity-type").addEventListener("change", refreshEntities);
 $("#token").addEventListener("change", () => {
   localStorage.setItem("wakeful-token", $("#token").value);
   loadTypes();
@@ -836,9 +906,12 @@ async function checkWorkers() {
     notice.textContent = ""; // not allowed or unreachable: the other panels say so
   }
   notice.hidden = notice.textContent === "";
+  workersPolled(); // ops.js: the open entity's partition, the workers view
   setTimeout(checkWorkers, WORKERS_POLL_MS);
 }
 
 $("#token").value = localStorage.getItem("wakeful-token") || "";
-loadTypes().then(openFromHash);
-checkWorkers();
+document.addEventListener("DOMContentLoaded", () => {
+  loadTypes().then(openFromHash);
+  checkWorkers();
+});
