@@ -28,7 +28,6 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -36,7 +35,7 @@ from starlette.routing import Route
 from .authorization import Access, Authorizer, EntityAccess, allowed, readable
 from .client import Runtime
 from .errors import EntityNotFoundError, HTTPError, InvalidUrlError
-from .events import HandlerFailed, LogRecord, TrimmedRecord, UndecodableRecord, client_view
+from .events import HandlerFailed, LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
 from .http_input import query_int, resume_position
 from .openapi import CONSOLE_PAGE, JOURNAL_PAGE, TREE_DEPTH
 from .status import STATUSES, EntityStatus
@@ -266,17 +265,11 @@ def _entry(record: Any) -> dict[str, Any] | None:
         "id": record.id,
         "at_ms": at_ms,
         "kind": str(type(event).__struct_config__.tag),
-        "event": msgspec.to_builtins(event, enc_hook=_raw),
+        "event": plain(event),
     }
     if isinstance(record.event, HandlerFailed) and record.event.traceback:
         entry["traceback_withheld"] = True  # operators read it with `wakeful tail`
     return entry
-
-
-def _raw(value: Any) -> Any:
-    if isinstance(value, msgspec.Raw):  # a stored row: decoded, as the gateway's SSE does
-        return msgspec.msgpack.decode(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")
 
 
 def _run(status: EntityStatus) -> dict[str, Any] | None:

@@ -583,3 +583,15 @@ def pack(value: Any) -> bytes:
 
 def unpack(data: bytes) -> Any:
     return msgspec.msgpack.decode(data)
+
+
+def plain(value: Any) -> Any:
+    """Events and structs as JSON-ready builtins, for every printer and API: the stored
+    rows they carry (``msgspec.Raw`` msgpack, as in ``changed`` events) are decoded."""
+    return msgspec.to_builtins(value, enc_hook=_stored_row)
+
+
+def _stored_row(value: Any) -> Any:
+    if isinstance(value, msgspec.Raw):
+        return msgspec.msgpack.decode(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")

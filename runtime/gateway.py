@@ -100,7 +100,7 @@ from .errors import (
     UnknownEntityTypeError,
     WakefulError,
 )
-from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view
+from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
 from .http_input import query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .live import LiveRecord
@@ -602,7 +602,7 @@ async def _sse(
             if event is None:
                 continue
             kind = str(type(event).__struct_config__.tag)  # events' tags are str
-            data = msgspec.to_builtins(event, enc_hook=_raw)
+            data = plain(event)
         elif isinstance(record, TrimmedRecord):  # the range before it is gone: say so
             log_pos = record.id
             kind, data = "trimmed", {"upto": record.id, "message": record.message}
@@ -612,9 +612,3 @@ async def _sse(
             kind, data = "undecodable", {"error": record.error}
         payload = json_text({"id": record.id, "event": data})
         yield f"id: {log_pos}|{live_pos}\nevent: {kind}\ndata: {payload}\n\n".encode()
-
-
-def _raw(value: Any) -> Any:
-    if isinstance(value, msgspec.Raw):
-        return msgspec.msgpack.decode(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")

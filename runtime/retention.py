@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import msgspec
-
 from .config import Settings
 from .errors import EventDecodeError, FencedError, RedisFullError
-from .events import decode_entry
+from .events import decode_entry, plain
 from .replies import Entry
 from .store import TRANSIENT_ERRORS, Store
 from .streamids import id_gt
@@ -61,16 +59,8 @@ def entry_record(url: str, entry_id: str, fields: dict[bytes, bytes]) -> dict[st
             "error": exc.reason,
             "raw": fields.get(b"e", b"").hex(),
         }
-    data = msgspec.to_builtins(event, enc_hook=_raw)
+    data = plain(event)
     return {"url": url, "id": entry_id, "kind": data.get("t", "?"), "event": data}
-
-
-def _raw(value: Any) -> Any:
-    if isinstance(value, msgspec.Raw):
-        return msgspec.msgpack.decode(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    raise TypeError(f"cannot encode {type(value).__name__}")
 
 
 def json_lines(records: Iterable[dict[str, Any]]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -32,6 +31,7 @@ from .events import (
     ToolOutcome,
     TrimmedRecord,
     UndecodableRecord,
+    plain,
 )
 from .live import LiveRecord
 
@@ -47,17 +47,6 @@ def _reader_went_away() -> None:
 
 # Rich has no setting for this: replace the method on this one console.
 out.on_broken_pipe = _reader_went_away  # type: ignore[method-assign]
-
-
-def plain(value: Any) -> Any:
-    """Events and structs as JSON-ready data (stored state rows are decoded)."""
-    return msgspec.to_builtins(value, enc_hook=_raw_rows)
-
-
-def _raw_rows(value: Any) -> Any:
-    if isinstance(value, msgspec.Raw):
-        return msgspec.msgpack.decode(value)
-    raise TypeError(f"cannot show a {type(value).__name__}")
 
 
 def print_json(data: Any) -> None:
