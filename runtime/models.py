@@ -266,7 +266,7 @@ def _block_dict(block: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "text", "text": block.text}
         citations = getattr(block, "citations", None)
         if citations:
-            out["citations"] = [c.model_dump(mode="json", exclude_none=True) for c in citations]
+            out["citations"] = [_citation(c) for c in citations]
         return out
     if block.type == "tool_use":
         out = {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
@@ -280,6 +280,15 @@ def _block_dict(block: Any) -> dict[str, Any]:
                 )
         return out
     return block.model_dump(mode="json", exclude_none=True)
+
+
+def _citation(citation: Any) -> dict[str, Any]:
+    """A citation as the API takes it back: its null titles stay (the request params
+    require the key), the response-only ``file_id`` goes when it is null."""
+    out: dict[str, Any] = citation.model_dump(mode="json")
+    if out.get("file_id", "") is None:
+        del out["file_id"]
+    return out
 
 
 def _retry_after(exc: Exception) -> float | None:

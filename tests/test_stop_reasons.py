@@ -211,9 +211,7 @@ async def test_a_parent_sees_a_truncated_child_run(cluster):
     @reg.entity("parent")
     async def parent(ctx: HandlerContext) -> None:
         for message in ctx.wake.messages:
-            await ctx.spawn(
-                "child", "c", initial_message=message.payload, wake=Wake.run_finished()
-            )
+            await ctx.spawn("child", "c", initial_message=message.payload, wake=Wake.run_finished())
 
     rt = await cluster.runtime(reg)
     await rt.send("/parent/p", "go")
