@@ -22,6 +22,7 @@ from tests.anthropic_fakes import (
     text_block,
 )
 from tests.apps.harness import until
+from tests.faults import crash_and_recover
 from wakeful import (
     AssistantStep,
     HandlerContext,
@@ -209,3 +210,19 @@ def test_retry_after_headers_are_read():
     assert _retry_after(Failed(**{"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"})) is None
     assert _retry_after(Failed()) is None
     assert SSE_HEADERS  # the fakes' stream headers carry no retry-after
+
+
+@pytest.mark.parametrize(
+    ("point", "hit"),
+    [("wake:after-commit", 1), ("timer:before-fire", 1), ("timer:after-fire", 1)],
+    ids=["wait-committed", "before-the-timer-fires", "after-it-fired"],
+)
+async def test_a_worker_killed_during_the_wait_loses_nothing(cluster, point, hit):
+    server = Server(overloaded("1"), answer("Here you are."))
+    second = await crash_and_recover(cluster, app(server), "/bot/b", "Hello?", point, hit)
+
+    [finished] = await events_of(second, "/bot/b", RunFinished)
+    assert (finished.status, finished.response) == ("completed", "Here you are.")
+    assert len(server.requests) == 2  # the step was asked again once, after the wait
+    assert len(await events_of(second, "/bot/b", ModelRetryWait)) == 1
+    assert await events_of(second, "/bot/b", HandlerFailed) == []
