@@ -335,6 +335,8 @@ class Agent(ToolCalls):
             except _RunFailed as exc:
                 return await self._finish(run_id, "failed", error=str(exc), withdrawn=exc.withdrawn)
             except ModelError as exc:  # transient (the SDK's own retries did not help)
+                if not exc.retryable:  # e.g. counting tokens was refused: nothing to wait for
+                    return await self._finish(run_id, "failed", error=str(exc))
                 gave_up = await self._wait_out(run_id, exc, waiting)
                 if gave_up is None:
                     raise SuspendRun from None

@@ -355,6 +355,12 @@ class ScriptedModel:
     the turn), or a callable taking the request and returning either (it may be
     async, and may raise, e.g. a :class:`ModelError`, to simulate a failed call).
 
+    A response's ``stop_reason`` (and ``stop_sequence``, ``stop_details``,
+    ``server_tool_use``) is served as given, so a script plays every ending:
+    ``ScriptedModel.text("Half", stop_reason="max_tokens")`` for a truncated run,
+    ``stop_reason="refusal"`` for a refused one, ``"pause_turn"`` for a turn the loop
+    continues.
+
     ``requests`` holds every request as it was sent: its message list is a copy,
     the messages in it are not.
 
