@@ -27,7 +27,6 @@ continues where it stopped.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import jsonschema_rs
 import msgspec
 
+from .blocks import TOOL_NAME
 from .config import Settings
 from .errors import (
     ActionError,
@@ -198,7 +198,7 @@ RESERVED_NAMES = frozenset(  # the runtime tools' names (runtime_tools)
         "delete_schedule",
     }
 )
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NAME = TOOL_NAME  # the Messages API's rule for tool names
 
 
 def check_client_tools(snapshot: Any, settings: Settings | None = None) -> list[dict[str, Any]]:

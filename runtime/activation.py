@@ -189,6 +189,9 @@ class Activation:
         usage: dict[str, int] | None = None,
         steps: int = 0,
         tool_calls: int = 0,
+        stop_reason: str | None = None,
+        stop_sequence: str | None = None,
+        stop_details: dict[str, Any] | None = None,
     ) -> str:
         run_id = self.record_run()
         # A run that ends (cancelled, failed) while calls wait for answers settles them:
@@ -214,6 +217,9 @@ class Activation:
                 steps=steps,
                 tool_calls=tool_calls,
                 at_ms=int(time.time() * 1000),
+                stop_reason=stop_reason,
+                stop_sequence=stop_sequence,
+                stop_details=stop_details,
             )
         )
         return run_id
@@ -304,6 +310,7 @@ class Activation:
             status=run.status,
             response=run.response if spec.include_response else None,
             error=run.error,
+            stop_reason=run.stop_reason,
         )
         return Effect(
             kind="notify",

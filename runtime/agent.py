@@ -28,6 +28,7 @@ sits below the context and never imports it.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,20 +37,32 @@ import msgspec
 from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
+from .blocks import check_tool_name
 from .compaction import ContextKeeper, Mode
 from .context_window import ContextPolicy, is_prompt_too_long
-from .errors import ConversationError, ModelError, ToolBugError, ToolContractError, WakeInterrupted
+from .errors import (
+    ConversationError,
+    MissingAPIKeyError,
+    ModelError,
+    ToolBugError,
+    ToolContractError,
+    WakeInterrupted,
+)
 from .events import (
     AssistantStep,
     ConversationCompacted,
     ConversationRequested,
+    Effect,
     Message,
+    ModelRetryDue,
     RunFailedNote,
     ToolOutcome,
     UserTurn,
 )
 from .history import render_input, tool_uses
+from .model_retry import next_wait, open_wait, wait_is_over
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
+from .stop_reasons import CONTINUED, run_status, stop_error
 from .streamids import id_gt
 
 __all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
@@ -67,16 +80,26 @@ __all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported f
 ]
 
 
+RunEnd = Literal["completed", "failed", "cancelled", "truncated", "refused"]
+
+
 @dataclass
 class RunResult:
+    """How ``Agent.run`` ended. ``status`` ``truncated`` (the answer was cut off) and
+    ``refused`` (the model declined) carry the text the model gave in ``response`` and
+    why in ``error``; ``suspended``: the run waits (for a tool action, or out a
+    transient model error)."""
+
     run_id: str | None
-    status: Literal["completed", "failed", "cancelled", "idle", "suspended"]
+    status: Literal["completed", "failed", "cancelled", "truncated", "refused", "idle", "suspended"]
     response: str | None = None
     error: str | None = None
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
     tool_calls: int = 0
     stop_reason: str | None = None
+    stop_sequence: str | None = None  # the stop sequence the last step matched
+    stop_details: dict[str, Any] | None = None  # e.g. a refusal's category, explanation
 
 
 class Agent(ToolCalls):
@@ -97,10 +120,15 @@ class Agent(ToolCalls):
         context_strategy: str = "compact",
         context_budget: float = 0.8,
         keep_turns: int = 2,
+        model_retry_total_s: float = 120.0,
     ) -> None:
         self.wake = wake
         self.system_prompt = system_prompt
-        self.model = resolve_model(model)
+        try:
+            self.model = resolve_model(model)
+        except MissingAPIKeyError as exc:  # each run fails at once, saying so (no retries)
+            self.model = _Unavailable(str(model), str(exc))
+        self.model_retry_total_s = model_retry_total_s
         self.context = ContextKeeper(
             ContextPolicy.build(
                 self.model.name,
@@ -150,6 +178,7 @@ class Agent(ToolCalls):
         input and output schemas (one id, one contract)."""
         if tool.name in self.tools:
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        check_tool_name(tool.name)
         for other in self.tools.values():
             if tool.id is not None and other.id == tool.id:
                 differs = schema_difference(other, tool)
@@ -175,6 +204,10 @@ class Agent(ToolCalls):
             name, tool_id = spec["name"], f"client:{spec['name']}"
             if name in self._client_tools:
                 continue  # offered by an earlier run() of this wake
+            try:
+                check_tool_name(name)
+            except ToolContractError as exc:
+                return f"the client tool {name!r} cannot be offered to the model: {exc}"
             if name in self.tools:
                 return f"the client tool {name!r} collides with a backend tool of that name"
             same_id = next((t for t in self.tools.values() if t.id == tool_id), None)
@@ -272,8 +305,13 @@ class Agent(ToolCalls):
             if last is not None and not self._settled(last, run_id):
                 await self._run_tools(run_id, last, history)
                 continue
-            if isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content):
-                return await self._finish(run_id, "completed")
+            end = history[-1]
+            if (
+                isinstance(end, AssistantStep)
+                and not tool_uses(end.content)
+                and end.stop_reason not in CONTINUED  # pause_turn: send it back, go on
+            ):
+                return await self._finish(run_id, run_status(end.stop_reason))
             if len(steps) >= self.max_steps:
                 return await self._finish(
                     run_id,
@@ -287,10 +325,22 @@ class Agent(ToolCalls):
                     error=f"the run used {usage.total_tokens} tokens, over its limit of "
                     f"{self.max_run_tokens}",
                 )
+            waiting = open_wait(history)
+            if waiting is not None and not wait_is_over(
+                waiting, [r.event for r in self.wake.inputs], int(time.time() * 1000)
+            ):
+                raise SuspendRun  # its timer is pending; a message does not cut it short
             try:
                 response = await self._step(run_id, len(steps) + 1)
             except _RunFailed as exc:
-                return await self._finish(run_id, "failed", error=str(exc))
+                return await self._finish(run_id, "failed", error=str(exc), withdrawn=exc.withdrawn)
+            except ModelError as exc:  # transient (the SDK's own retries did not help)
+                if not exc.retryable:  # e.g. counting tokens was refused: nothing to wait for
+                    return await self._finish(run_id, "failed", error=str(exc))
+                gave_up = await self._wait_out(run_id, exc, waiting)
+                if gave_up is None:
+                    raise SuspendRun from None
+                return await self._finish(run_id, "failed", error=gave_up)
             await self._journal(
                 AssistantStep(
                     run_id=run_id,
@@ -299,8 +349,43 @@ class Agent(ToolCalls):
                     stop_reason=response.stop_reason,
                     usage=msgspec.structs.asdict(response.usage),
                     model=response.model or self.model.name,
+                    stop_sequence=response.stop_sequence,
+                    stop_details=response.stop_details,
+                    server_tool_use=response.server_tool_use,
                 )
             )
+
+    async def _wait_out(self, run_id: str, exc: ModelError, previous: Any) -> str | None:
+        """Journal the wait before the step is made again and its timer (one commit); or,
+        if the waits would pass ``model_retry_total_s``, return why the run fails."""
+        now_ms = int(time.time() * 1000)
+        wait = next_wait(run_id, exc, previous, self.model_retry_total_s, now_ms)
+        if wait is None:
+            tries = previous.attempt + 1 if previous is not None else 1
+            waited = (now_ms - previous.since_ms) / 1000 if previous is not None else 0.0
+            return (
+                f"{exc} (gave up after {tries} attempts over {waited:.1f}s; "
+                f"model_retry_total_s is {self.model_retry_total_s:g})"
+            )
+        self.wake.log.warning(
+            "run %s: model call failed (attempt %d), retrying in %.1fs on a timer: %s",
+            run_id,
+            wait.attempt,
+            (wait.due_ms - now_ms) / 1000,
+            exc,
+        )
+        act = self.wake.activation
+        act.add_effect(
+            Effect(
+                kind="notify",
+                target=self.wake.entity_url,
+                key=act.next_key(),
+                notice=ModelRetryDue(run_id=run_id, attempt=wait.attempt),
+                due_ms=wait.due_ms,
+            )
+        )
+        await self._journal(wait)
+        return None
 
     def _settled(self, step: AssistantStep, run_id: str) -> bool:
         done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
@@ -339,8 +424,10 @@ class Agent(ToolCalls):
                     if await self._shorten_for_step(run_id, tools, reason="prompt too long"):
                         continue
                 if exc.retryable:
-                    raise  # the wake is retried with backoff and resumes from the journal
-                raise _RunFailed(str(exc)) from exc
+                    raise  # the run waits on a timer (_wait_out), then makes the step again
+                # Invalid as sent: the run's content is left out of later requests.
+                withdraw = exc.invalid_request and not is_prompt_too_long(exc.status_code, str(exc))
+                raise _RunFailed(str(exc), withdrawn=withdraw) from exc
             finally:
                 await live.drain()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -441,40 +528,56 @@ class Agent(ToolCalls):
     async def _finish(
         self,
         run_id: str,
-        status: Literal["completed", "failed", "cancelled"],
+        status: RunEnd,
         *,
         error: str | None = None,
+        withdrawn: bool = False,
     ) -> RunResult:
         run_events = self._run_history(run_id)
-        if status == "failed" and run_events and isinstance(run_events[-1], UserTurn):
+        if withdrawn or (
+            status == "failed" and run_events and isinstance(run_events[-1], UserTurn)
+        ):
             # No answer to close the turn: a note does, so the next message is its own turn.
-            self.wake.activation.record(RunFailedNote(run_id=run_id, error=error or ""))
+            note = RunFailedNote(run_id=run_id, error=error or "", withdrawn=withdrawn)
+            self.wake.activation.record(note)
         journaled, usage = self._progress(run_id)
         last = journaled[-1] if journaled else None
         steps = len(journaled)
         response = None
         if last is not None:
-            response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
+            # The text of the turn's last answer (a continued pause_turn adds steps to it).
+            response = _answer_text(journaled)
+        stop_reason = last.stop_reason if last is not None else None
+        stop_sequence = last.stop_sequence if last is not None else None
+        stop_details = last.stop_details if last is not None else None
+        if status in ("truncated", "refused"):
+            error = stop_error(stop_reason, stop_details, self.max_output_tokens)
+        answered = status in ("completed", "truncated", "refused")
         calls = sum(len(tool_uses(s.content)) for s in journaled)
         self.wake.activation.finish_run(
             status,
-            response=response if status == "completed" else None,
+            response=response if answered else None,
             error=error,
             usage=msgspec.structs.asdict(usage),
             steps=steps,
             tool_calls=calls,
+            stop_reason=stop_reason,
+            stop_sequence=stop_sequence,
+            stop_details=stop_details,
         )
         async with self._commit_lock:
             await self.wake.flush()
         return RunResult(
             run_id=run_id,
             status=status,
-            response=response if status == "completed" else None,
+            response=response if answered else None,
             error=error,
             usage=usage,
             steps=steps,
             tool_calls=calls,
-            stop_reason=last.stop_reason if last is not None else None,
+            stop_reason=stop_reason,
+            stop_sequence=stop_sequence,
+            stop_details=stop_details,
         )
 
     async def _stopped(self, run_id: str) -> RunResult:
@@ -502,4 +605,32 @@ async def _client_side(*_: Any) -> ToolResult:  # pragma: no cover - never calle
 
 
 class _RunFailed(Exception):
-    pass
+    """The run fails with this message; ``withdrawn``: the API refused its request as
+    invalid, so its content is left out of later requests."""
+
+    def __init__(self, message: str, *, withdrawn: bool = False) -> None:
+        super().__init__(message)
+        self.withdrawn = withdrawn
+
+
+def _answer_text(steps: list[AssistantStep]) -> str:
+    """The text of the last answer: the last step's, with the steps it continued (a
+    ``pause_turn`` step and the one after it are one turn)."""
+    first = len(steps) - 1
+    while first > 0 and steps[first - 1].stop_reason in CONTINUED:
+        first -= 1
+    return "".join(
+        b.get("text", "") for s in steps[first:] for b in s.content if b.get("type") == "text"
+    )
+
+
+class _Unavailable:
+    """The model of an agent whose model cannot be built (no API key): every call fails
+    at once with why, so each run fails with it and the entity goes on."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+
+    async def complete(self, request: ModelRequest, *, on_text: Any = None) -> ModelResponse:
+        raise ModelError(self.reason, retryable=False, model=self.name)

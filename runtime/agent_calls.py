@@ -26,9 +26,10 @@ import msgspec
 
 from . import metrics, tracing
 from .activation import Activation
-from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult, content_blocks
+from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult
+from .blocks import model_blocks
 from .cancellation import CancelSignal
-from .errors import ToolBugError, WakeInterrupted
+from .errors import InvalidBlockError, ToolBugError, WakeInterrupted
 from .events import (
     ActionRequested,
     ActionSettled,
@@ -45,6 +46,7 @@ from .history import tool_uses
 from .live import LivePublisher
 from .scope import CURRENT_TOOL_CALL
 from .state import SystemState
+from .stop_reasons import TRUNCATED
 from .tasks import all_of, first_of
 
 _DETAIL_LIMIT = 64 * 1024  # characters of a bug's full error kept in its runtime_error event
@@ -175,11 +177,12 @@ class ToolCalls:
         (``"wait"``), or refuse it with an error result (``None``). With an ``intent`` the
         call is in doubt: it started and its result was never committed."""
         call_id, name = call["id"], call["name"]
-        if step.stop_reason == "max_tokens":  # the call's input may be cut off: never run it
+        if step.stop_reason in TRUNCATED:  # the call's input may be cut off: never run it
             await self._refuse(
                 run_id,
                 call,
-                "The response hit max_tokens before this call was complete, so it was not run.",
+                f"The response hit {step.stop_reason} before this call was complete, so it "
+                "was not run.",
             )
             return None
         tool = self.tool_named(name)
@@ -444,12 +447,25 @@ class ToolCalls:
         details: Any = None,
         tool_id: str | None = None,
     ) -> None:
+        """Journal a call's result. Content the Messages API would refuse is a bug of the
+        tool: the model gets an error result instead, and the run fails on the bug."""
+        try:
+            blocks = model_blocks(content)
+        except InvalidBlockError as exc:
+            public = f"The tool {name!r} returned content the model cannot take: {exc}"
+            await self._outcome(run_id, call_id, name, public, True, {"error": public}, tool_id)
+            raise ToolBugError(
+                public,
+                f"{public}\nThe content (first 2000 characters): {repr(content)[:2000]}",
+                tool=name,
+                tool_call_id=call_id,
+            ) from exc
         await self._journal(
             ToolOutcome(
                 run_id=run_id,
                 tool_call_id=call_id,
                 name=name,
-                content=content_blocks(content),
+                content=blocks,
                 is_error=is_error,
                 details=msgspec.to_builtins(details) if details is not None else None,
                 tool_id=tool_id,

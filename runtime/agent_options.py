@@ -30,6 +30,9 @@ class AgentOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     context_strategy: str = "compact"
     context_budget: float = 0.8
     keep_turns: int = 2
+    # How long (seconds, in all) a run waits out transient model errors (overloaded, rate
+    # limited) on durable timers before it fails; 0: it fails at the first one.
+    model_retry_total_s: Annotated[float, msgspec.Meta(ge=0)] = 120.0
 
 
 OPTION_NAMES = tuple(f.name for f in msgspec.structs.fields(AgentOptions))

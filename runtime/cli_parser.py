@@ -16,6 +16,8 @@ RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
 SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
 TIMED_OUT = 5  # ask: not idle within --timeout
 UNREACHABLE = 6  # Redis did not answer
+TRUNCATED = 7  # ask: the model's answer was cut off (max_tokens, context window full)
+REFUSED = 8  # ask: the model refused to answer
 INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wakeful",
         description="Durable actors for LLM agents",
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
-        "action, 5 timed out, 6 Redis unreachable, 130 interrupted",
+        "action, 5 timed out, 6 Redis unreachable, 7 answer truncated, 8 model refused, "
+        "130 interrupted",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)

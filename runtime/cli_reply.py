@@ -14,7 +14,7 @@ from typing import Any
 
 from . import terminal
 from .actions import ActionNotPendingError
-from .cli_parser import ERROR, OK, RUN_FAILED, SUSPENDED, TIMED_OUT
+from .cli_parser import ERROR, OK, REFUSED, RUN_FAILED, SUSPENDED, TIMED_OUT, TRUNCATED
 from .client import Runtime
 from .errors import WaitTimeoutError, WakefulError
 from .events import LogRecord
@@ -63,8 +63,19 @@ async def follow_reply(
     run = printer.last_run
     if run is None:
         return ask_result(args, "no run", ERROR, error="no run finished after the message")
-    code = OK if run.status == "completed" else RUN_FAILED
-    return ask_result(args, run.status, code, response=run.response, error=run.error)
+    return ask_result(
+        args,
+        run.status,
+        exit_code(run.status),
+        response=run.response,
+        error=run.error,
+        stop_reason=run.stop_reason,
+    )
+
+
+def exit_code(status: str) -> int:
+    """The exit code of ``ask`` for a run that finished with ``status``."""
+    return {"completed": OK, "truncated": TRUNCATED, "refused": REFUSED}.get(status, RUN_FAILED)
 
 
 async def _stream(
@@ -197,6 +208,7 @@ def ask_result(
     response: str | None = None,
     error: str | None = None,
     pending: list[Any] | None = None,
+    stop_reason: str | None = None,
 ) -> int:
     if args.json:
         terminal.print_json(
@@ -205,6 +217,7 @@ def ask_result(
                 "status": status,
                 "response": response,
                 "error": error,
+                "stop_reason": stop_reason,
                 "pending_actions": pending or [],
             }
         )

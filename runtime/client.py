@@ -36,7 +36,9 @@ from .errors import (
     EventDecodeError,
     NotFailedError,
     RunFailedError,
+    RunRefusedError,
     RunSuspendedError,
+    RunTruncatedError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
@@ -740,8 +742,10 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         """Send ``text``, wait until the entity and the children it awaits are idle,
         and return the response of the last run that finished after the message.
 
-        Raises :class:`RunFailedError` if that run failed or was cancelled, and
-        :class:`WakefulError` if no run finished.
+        Raises :class:`RunFailedError` if that run failed or was cancelled (its
+        subclasses :class:`RunTruncatedError` if the answer was cut off,
+        :class:`RunRefusedError` if the model refused; ``response`` holds what it did
+        answer), and :class:`WakefulError` if no run finished.
         """
         sent = await self.send(url, text, **send_options)
         status = await self.wait_idle(url, timeout=timeout)
@@ -757,7 +761,12 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         if last is None:
             raise WakefulError(f"{url} finished handling the message without finishing a run")
         if last.status != "completed":
-            raise RunFailedError(url, last.status, last.error)
+            error = {"truncated": RunTruncatedError, "refused": RunRefusedError}.get(
+                last.status, RunFailedError
+            )
+            raise error(
+                url, last.status, last.error, response=last.response, stop_reason=last.stop_reason
+            )
         return last.response or ""
 
     async def wait_all_idle(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import re
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,6 +37,7 @@ import msgspec
 
 from .agent_options import check_agent_options
 from .agent_tools import Content, RuntimeErrorInfo, struct_schema
+from .blocks import TOOL_NAME
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
 from .errors import ToolContractError, ToolFailure
@@ -383,7 +383,7 @@ def define_agent(
     return agent
 
 
-_TOOL_KEY = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # the tool names the model APIs accept
+_TOOL_KEY = TOOL_NAME  # the tool names the model APIs accept
 
 
 def _checked_tools(

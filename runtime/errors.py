@@ -32,7 +32,9 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ConfigError (ValueError)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
-    |   +-- RunFailedError
+    |   +-- RunFailedError                    ask: the run did not complete (``status``)
+    |   |   +-- RunTruncatedError             the answer was cut off (max_tokens, ...)
+    |   |   +-- RunRefusedError               the model refused (stop reason refusal)
     |   +-- ActionError                       answers to pending tool actions
     |   |   +-- ActionNotPendingError (LookupError)
     |   |   +-- ActionNotAuthorizedError (PermissionError)
@@ -42,6 +44,8 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- InvalidScheduleError (ValueError)    a recurring schedule's id, cron or zone
     |   +-- ModelError                        a model call failed (``retryable``)
     |   +-- ModelConfigError (ValueError)
+    |   |   +-- MissingAPIKeyError            no ANTHROPIC_API_KEY: an agent's runs fail at once
+    |   +-- InvalidBlockError (ValueError)    a content block the Messages API would refuse
     |   +-- ContextConfigError (ValueError)   a bad context-management option of an agent
     |   +-- ConversationError                 a conversation cannot be compacted or reset now
     |   +-- ToolContractError (TypeError)
@@ -247,13 +251,33 @@ class RunSuspendedError(WakefulError):
 
 
 class RunFailedError(WakefulError):
-    """The run that answered ``ask`` failed or was cancelled."""
+    """The run that answered ``ask`` failed, was cancelled, or ended without a whole
+    answer (``status`` ``truncated`` or ``refused``: see the subclasses)."""
 
-    def __init__(self, url: str, status: str, error: str | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        status: str,
+        error: str | None,
+        *,
+        response: str | None = None,
+        stop_reason: str | None = None,
+    ) -> None:
         self.url = url
         self.status = status
         self.error = error
+        self.response = response  # what the model did answer (truncated, refused)
+        self.stop_reason = stop_reason
         super().__init__(f"the run of {url} {status}: {error or 'no error given'}")
+
+
+class RunTruncatedError(RunFailedError):
+    """The model's answer was cut off (``max_tokens``, ``model_context_window_exceeded``);
+    ``response`` holds the part it gave."""
+
+
+class RunRefusedError(RunFailedError):
+    """The model refused to answer (stop reason ``refusal``)."""
 
 
 # -- pending tool actions (client-routed tools and approvals; see actions.py) ----------
@@ -310,20 +334,39 @@ class ModelError(WakefulError):
         model: str = "",
         status_code: int | None = None,
         error_type: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.retryable = retryable
         self.model = model
         self.status_code = status_code
         self.error_type = error_type
+        self.retry_after = retry_after  # seconds, from the response's retry-after header
         super().__init__(message)
+
+    @property
+    def invalid_request(self) -> bool:
+        """The API refused the request itself as invalid (a 400): sending it again fails
+        again."""
+        return self.status_code == 400 and self.error_type == "invalid_request_error"
 
 
 class ModelConfigError(WakefulError, ValueError):
     """A model cannot be built: unknown name, missing API key."""
 
 
+class MissingAPIKeyError(ModelConfigError):
+    """No API key for a Claude model (``ANTHROPIC_API_KEY`` is not set). An agent built
+    on such a model fails each run at once with this message (nothing to retry)."""
+
+
 class ContextConfigError(WakefulError, ValueError):
     """An agent's context-management option (``context_window``, ...) is invalid."""
+
+
+class InvalidBlockError(WakefulError, ValueError):
+    """A content block (a tool's output, ``to_model_output``) that the Messages API would
+    refuse: an unsupported image type, too large, empty text, an unknown block type.
+    Checked before the block is journaled, so it never poisons the conversation."""
 
 
 class ConversationError(WakefulError):

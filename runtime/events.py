@@ -81,15 +81,21 @@ class Message(Event, tag="msg"):
     client_tools: list[dict[str, Any]] | None = None  # tools the sending client answers itself
 
 
+# How a run ended. ``truncated``: the model's answer was cut off (``max_tokens``,
+# ``model_context_window_exceeded``); ``refused``: the model declined (``refusal``).
+RunStatus = Literal["completed", "failed", "cancelled", "truncated", "refused"]
+
+
 class ChildRunFinished(Event, tag="child_run_finished"):
     """A run of an entity this one subscribed to (``Wake.run_finished``) finished."""
 
     is_input: ClassVar[bool] = True
     child: str
     run_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: RunStatus
     response: str | None = None
     error: str | None = None
+    stop_reason: str | None = None  # the model's, for an agent run (see RunFinished)
 
 
 class Changed(Event, tag="changed"):
@@ -202,7 +208,7 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True):
     on_parent_close: Literal["cancel", "keep"] = "cancel"  # spawn
     tags: dict[str, str] | None = None  # spawn
     # notify (a held message released to its own run is a notify with the Message), cancel
-    notice: ChildRunFinished | Changed | CancelRequested | Message | None = None
+    notice: ChildRunFinished | Changed | CancelRequested | Message | ModelRetryDue | None = None
     # send, spawn: the identity of the run that made it (the message carries it, and a
     # spawned child is owned by it)
     identity: dict[str, str] | None = None
@@ -252,13 +258,19 @@ class MessageHeld(Event, tag="message_held"):
 class RunFinished(Event, tag="run_finished"):
     is_output: ClassVar[bool] = True
     run_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: RunStatus
     response: str | None = None
     error: str | None = None
     usage: dict[str, int] | None = None
     steps: int = 0
     tool_calls: int = 0
     at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
+    # An agent run: why the model stopped its last step (``end_turn``, ``max_tokens``,
+    # ``refusal``, ...), the stop sequence it matched, and the API's ``stop_details``
+    # (a refusal's ``category`` and ``explanation``). None for runs without a model.
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    stop_details: dict[str, Any] | None = None
 
 
 # --- the agent loop's journal (outputs; they make up the conversation) -------
@@ -286,6 +298,11 @@ class AssistantStep(Event, tag="assistant_step"):
     stop_reason: str
     usage: dict[str, int] = {}
     model: str = ""
+    stop_sequence: str | None = None  # the custom stop sequence the response matched
+    stop_details: dict[str, Any] | None = None  # e.g. a refusal's category and explanation
+    # Server-tool usage of the step (``{"web_search_requests": 2}``), kept apart from the
+    # token counts so ``usage`` sums as before.
+    server_tool_use: dict[str, int] | None = None
 
 
 class ToolCall(msgspec.Struct, kw_only=True):
@@ -435,10 +452,44 @@ class RunFailedNote(Event, tag="turn_failed"):
     is_output: ClassVar[bool] = True
     run_id: str
     error: str = ""
+    # The API refused a request of the run as invalid (a 400): the projection leaves out
+    # what the run added (its tool results, its images and documents; the text of its
+    # user turns stays), so the next run does not send the offending content again.
+    withdrawn: bool = False
+
+
+class ModelRetryWait(Event, tag="model_retry_wait"):
+    """A model call of the open run failed transiently (overloaded, rate limited, ...)
+    after the SDK's own retries: the run suspends until ``due_ms`` (a durable timer
+    wakes the entity with a :class:`ModelRetryDue`), then makes the step again.
+    ``since_ms`` is when the first failure of this series happened: the run fails once
+    the waits would pass the agent's ``model_retry_total_s``."""
+
+    is_output: ClassVar[bool] = True
+    run_id: str
+    attempt: int  # failed attempts of the step so far (1 for the first wait)
+    due_ms: int
+    since_ms: int
+    error: str = ""
+    retry_after_s: float | None = None  # the server's ``retry-after``, if it sent one
+
+
+class ModelRetryDue(Event, tag="model_retry_due"):
+    """The timer of a :class:`ModelRetryWait` fired: the run may call the model again."""
+
+    is_input: ClassVar[bool] = True
+    run_id: str
+    attempt: int = 0
 
 
 HistoryEvent = (
-    UserTurn | AssistantStep | ToolIntent | ToolOutcome | ConversationCompacted | RunFailedNote
+    UserTurn
+    | AssistantStep
+    | ToolIntent
+    | ToolOutcome
+    | ConversationCompacted
+    | RunFailedNote
+    | ModelRetryWait
 )
 
 
@@ -464,6 +515,8 @@ AnyEvent = (
     | ToolOutcome
     | ConversationCompacted
     | RunFailedNote
+    | ModelRetryWait
+    | ModelRetryDue
     | ConversationRequested
     | ActionRequested
     | ActionSettled

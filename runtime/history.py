@@ -18,7 +18,14 @@ always yields a request the Messages API accepts, whatever the journal holds
   API rejects those; a tool or a message can produce whitespace-only text);
 * a tool_use id already used earlier in the request is sent under a fresh id
   (the API wants them unique; a scripted model, or another provider's journal,
-  can reuse them), and its result follows it.
+  can reuse them), and its result follows it;
+* a run the API refused as invalid (a ``turn_failed`` note with ``withdrawn``) is
+  left out but for the text of its user turns and a note that it failed: the
+  content that made the request invalid (an image, a document, a tool result) is
+  not sent again;
+* blocks keep what the API returned that it takes back (a text block's
+  ``citations``, a tool_use block's ``caller``, thinking signatures, server-tool
+  blocks), as journaled.
 
 :func:`render_input` is the other direction's first step: how an input of a wake
 (a message, a child's result, ...) reads as user content in the journal.
@@ -27,6 +34,7 @@ always yields a request the Messages API accepts, whatever the journal holds
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -109,6 +117,10 @@ class Projection:
         self._start()
 
     def _start(self) -> None:
+        # Where the run being taken in started (to leave it out if it is withdrawn).
+        self._run: str | None = None
+        self._mark: _Mark | None = None
+        self._run_text: list[dict[str, Any]] = []  # the text of its user turns
         self._messages: list[dict[str, Any]] = []
         # The tool calls of the last assistant message, in order: (id sent, id journaled).
         self._open: list[tuple[str, str]] = []
@@ -165,8 +177,44 @@ class Projection:
         self._used.add(sent_id)
         return sent_id
 
+    def _begin_run(self, run_id: str) -> None:
+        """Mark where run ``run_id`` starts: what a withdrawal goes back to."""
+        if run_id == self._run:
+            return
+        self._run = run_id
+        self._run_text = []
+        self._mark = _Mark(
+            size=len(self._messages),
+            last=self._messages[-1] if self._messages else None,
+            open=list(self._open),
+            results=dict(self._results),
+            held=list(self._held),
+        )
+
+    def _withdraw(self, event: RunFailedNote) -> None:
+        """Leave out what the run added (but for its user text), then note its failure."""
+        mark = self._mark
+        if mark is None or self._run != event.run_id:
+            return  # its start is not in view (compacted away): nothing of it to take back
+        del self._messages[mark.size :]
+        if mark.last is not None:
+            self._messages[-1] = mark.last
+        self._open, self._results, self._held = mark.open, mark.results, mark.held
+        note = {"type": "text", "text": WITHDRAWN}
+        if self._open:
+            self._held.extend([*self._run_text, note])
+        else:
+            _add(self._messages, "user", [*self._run_text, note])
+        self._run_text = []
+
     def _take(self, event: HistoryEvent) -> None:
+        run_id = getattr(event, "run_id", None)
+        if isinstance(event, UserTurn | AssistantStep | ToolOutcome) and run_id is not None:
+            self._begin_run(run_id)
         if isinstance(event, UserTurn):
+            self._run_text.extend(
+                b for b in event.content if b.get("type") == "text" and not _blank_text(b)
+            )
             content = _nonblank(event.content, "(empty message)")
             if self._open:  # calls still wait (a suspended run): results come first
                 self._held.extend(content)
@@ -191,11 +239,30 @@ class Projection:
             self._start()
             _add(self._messages, "user", compaction_note(event))
         elif isinstance(event, RunFailedNote):
+            if event.withdrawn:
+                self._withdraw(event)
             self._settle()
             if self._messages and self._messages[-1]["role"] == "user":
                 why = f": {event.error}" if event.error else ""
                 note = f"[no answer: the run failed{why}]"
                 _add(self._messages, "assistant", [{"type": "text", "text": note}])
+
+
+WITHDRAWN = (
+    "[the rest of this turn was withdrawn: the API refused the request as invalid, so "
+    "its attachments and tool results are not sent again]"
+)
+
+
+@dataclass
+class _Mark:
+    """The projection's state where a run started."""
+
+    size: int  # messages then
+    last: dict[str, Any] | None  # the last of them (a later turn may replace it)
+    open: list[tuple[str, str]]
+    results: dict[str, ToolOutcome]
+    held: list[dict[str, Any]]
 
 
 def _add(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -229,6 +296,8 @@ def render_input(record: LogRecord) -> list[dict[str, Any]]:
             note = f"[{event.child} finished its run]\n{body}"
         else:
             note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
+            if event.status in ("truncated", "refused") and event.response:
+                note += f"\n{event.response}"  # what it did answer
         return [{"type": "text", "text": note}]
     if isinstance(event, Changed):
         return [

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import anyio
 import msgspec
 
-from .errors import ModelConfigError, ModelError
+from .errors import MissingAPIKeyError, ModelConfigError, ModelError
 
 __all__ = [
     "AnthropicModel",
@@ -85,11 +85,23 @@ class ModelRequest(msgspec.Struct, kw_only=True):
 
 
 class ModelResponse(msgspec.Struct, kw_only=True):
+    """One model response, as the API returned it (block dicts in Messages API shapes).
+
+    ``stop_reason`` is the API's (``end_turn``, ``tool_use``, ``max_tokens``,
+    ``stop_sequence``, ``pause_turn``, ``refusal``, ``model_context_window_exceeded``);
+    ``stop_sequence`` the custom stop sequence matched, ``stop_details`` the API's
+    details of the stop (a refusal's ``category`` and ``explanation``), and
+    ``server_tool_use`` the server-tool requests made (``{"web_search_requests": 1}``).
+    """
+
     content: list[dict[str, Any]]
     stop_reason: str
     # A struct default must be a factory: msgspec refuses a shared mutable instance.
     usage: Usage = msgspec.field(default_factory=Usage)
     model: str = ""
+    stop_sequence: str | None = None
+    stop_details: dict[str, Any] | None = None
+    server_tool_use: dict[str, int] | None = None
 
 
 @runtime_checkable
@@ -129,7 +141,9 @@ class AnthropicModel:
         if client is None:
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
             if not api_key:
-                raise ModelConfigError(f"ANTHROPIC_API_KEY is not set; needed for model {model!r}")
+                raise MissingAPIKeyError(
+                    f"ANTHROPIC_API_KEY is not set; needed for model {model!r}"
+                )
             import anthropic
 
             client = anthropic.AsyncAnthropic(
@@ -170,6 +184,15 @@ class AnthropicModel:
                 raise
             raise _model_error(model, exc) from exc
         usage = message.usage
+        server_tools = getattr(usage, "server_tool_use", None)
+        server_tool_use = {
+            name: int(count)
+            for name, count in (
+                server_tools.model_dump() if server_tools is not None else {}
+            ).items()
+            if count
+        }
+        details = getattr(message, "stop_details", None)
         return ModelResponse(
             content=[_block_dict(block) for block in message.content],
             stop_reason=message.stop_reason or "",
@@ -180,6 +203,9 @@ class AnthropicModel:
                 cache_read_input_tokens=usage.cache_read_input_tokens or 0,
             ),
             model=message.model,
+            stop_sequence=message.stop_sequence,
+            stop_details=details.model_dump(mode="json", exclude_none=True) if details else None,
+            server_tool_use=server_tool_use or None,
         )
 
     async def count_tokens(self, request: ModelRequest) -> int:
@@ -233,11 +259,55 @@ def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
 
 
 def _block_dict(block: Any) -> dict[str, Any]:
+    """A response block as a plain dict, with everything the API returned that it takes
+    back: a text block's ``citations``, a tool_use block's ``caller`` and
+    ``toolset_name``, every field of the other blocks (thinking, server tools, ...)."""
     if block.type == "text":
-        return {"type": "text", "text": block.text}
+        out: dict[str, Any] = {"type": "text", "text": block.text}
+        citations = getattr(block, "citations", None)
+        if citations:
+            out["citations"] = [_citation(c) for c in citations]
+        return out
     if block.type == "tool_use":
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+        out = {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+        for extra in ("caller", "toolset_name"):
+            value = getattr(block, extra, None)
+            if value is not None:
+                out[extra] = (
+                    value.model_dump(mode="json", exclude_none=True)
+                    if hasattr(value, "model_dump")
+                    else value
+                )
+        return out
     return block.model_dump(mode="json", exclude_none=True)
+
+
+def _citation(citation: Any) -> dict[str, Any]:
+    """A citation as the API takes it back: its null titles stay (the request params
+    require the key), the response-only ``file_id`` goes when it is null."""
+    out: dict[str, Any] = citation.model_dump(mode="json")
+    if out.get("file_id", "") is None:
+        del out["file_id"]
+    return out
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The seconds a response's ``retry-after-ms`` or ``retry-after`` header asks for."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue  # an HTTP date: not worth parsing, the agent's own backoff applies
+        if seconds >= 0:
+            return seconds
+    return None
 
 
 def _model_error(model: str, exc: Exception) -> ModelError:
@@ -260,6 +330,7 @@ def _model_error(model: str, exc: Exception) -> ModelError:
             model=model,
             status_code=status,
             error_type=error_type,
+            retry_after=_retry_after(exc),
         )
     if isinstance(exc, anthropic.APITimeoutError):
         cause, retryable = "the request timed out", True
@@ -283,6 +354,12 @@ class ScriptedModel:
     every call. An item is a :class:`ModelResponse`, a str (a text reply that ends
     the turn), or a callable taking the request and returning either (it may be
     async, and may raise, e.g. a :class:`ModelError`, to simulate a failed call).
+
+    A response's ``stop_reason`` (and ``stop_sequence``, ``stop_details``,
+    ``server_tool_use``) is served as given, so a script plays every ending:
+    ``ScriptedModel.text("Half", stop_reason="max_tokens")`` for a truncated run,
+    ``stop_reason="refusal"`` for a refused one, ``"pause_turn"`` for a turn the loop
+    continues.
 
     ``requests`` holds every request as it was sent: its message list is a copy,
     the messages in it are not.
@@ -362,6 +439,9 @@ class ScriptedModel:
             stop_reason=item.stop_reason,
             usage=copy.copy(usage),
             model=item.model or self.name,
+            stop_sequence=item.stop_sequence,
+            stop_details=copy.deepcopy(item.stop_details),
+            server_tool_use=dict(item.server_tool_use) if item.server_tool_use else None,
         )
 
     def _estimate_usage(self, request: ModelRequest, content: list[dict[str, Any]]) -> Usage:
@@ -386,8 +466,21 @@ class ScriptedModel:
         return Usage(input_tokens=max(1, size // 4), output_tokens=_output_tokens(content))
 
     @staticmethod
-    def text(text: str) -> ModelResponse:
-        return ModelResponse(content=[{"type": "text", "text": text}], stop_reason="end_turn")
+    def text(
+        text: str,
+        *,
+        stop_reason: str = "end_turn",
+        stop_sequence: str | None = None,
+        stop_details: dict[str, Any] | None = None,
+    ) -> ModelResponse:
+        """A text reply; ``stop_reason`` (e.g. ``"max_tokens"``, ``"refusal"``) says why
+        it ended, ``stop_sequence`` which stop sequence it matched."""
+        return ModelResponse(
+            content=[{"type": "text", "text": text}],
+            stop_reason=stop_reason,
+            stop_sequence=stop_sequence,
+            stop_details=stop_details,
+        )
 
     @staticmethod
     def tool_calls(*calls: tuple[str, dict[str, Any]], text: str | None = None) -> ModelResponse:

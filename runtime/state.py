@@ -38,6 +38,7 @@ from .events import (
     HistoryEvent,
     Message,
     MessageHeld,
+    ModelRetryWait,
     Op,
     Outbox,
     RunFailedNote,
@@ -142,7 +143,10 @@ class SystemState(msgspec.Struct, kw_only=True):
                 child.run_id = event.run_id
                 child.response = event.response
                 child.error = event.error
-        elif isinstance(event, UserTurn | AssistantStep | ToolIntent | ToolOutcome | RunFailedNote):
+        elif isinstance(
+            event,
+            UserTurn | AssistantStep | ToolIntent | ToolOutcome | RunFailedNote | ModelRetryWait,
+        ):
             self.history.append(event)
             if isinstance(event, ToolOutcome):
                 self.settled.pop(event.tool_call_id, None)

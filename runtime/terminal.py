@@ -70,6 +70,8 @@ def status_style(status: str) -> str:
         "suspended": "yellow",
         "failed": "bold red",
         "cancelled": "red",
+        "truncated": "yellow",
+        "refused": "magenta",
     }.get(status, "")
 
 
@@ -245,7 +247,8 @@ class ReplyPrinter:
             self._note(f"[dim]↩ {escape(event.child)} {event.status}[/]")
         elif isinstance(event, RunFinished):
             self.last_run = event
-            if event.status == "completed" and event.response and not self.printed_text:
+            answered = event.status in ("completed", "truncated", "refused")
+            if answered and event.response and not self.printed_text:
                 self._text(event.response)
             self._end_line()
             if event.status != "completed":

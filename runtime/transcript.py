@@ -110,7 +110,9 @@ def _lifecycle(event: Any) -> list[str]:
     if isinstance(event, RunStarted):
         return [_label("run", "dim") + escape(f"{event.run_id} started")]
     if isinstance(event, RunFinished):
-        style = "green" if event.status == "completed" else "red"
+        style = {"completed": "green", "truncated": "yellow", "refused": "magenta"}.get(
+            event.status, "red"
+        )
         tail = f": {event.error}" if event.error else ""
         summary = f"{event.steps} model step(s), {event.tool_calls} tool call(s)"
         return [_label("run", style) + escape(f"{event.run_id} {event.status}, {summary}{tail}")]

@@ -84,24 +84,46 @@ def tool_block(index: int, id: str, name: str, *json_parts: str) -> list[dict[st
     ]
 
 
-def message_end(stop_reason: str, output_tokens: int) -> list[dict[str, Any]]:
+def message_end(
+    stop_reason: str,
+    output_tokens: int,
+    *,
+    stop_sequence: str | None = None,
+    stop_details: dict[str, Any] | None = None,
+    server_tool_use: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    delta: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+    if stop_details is not None:
+        delta["stop_details"] = stop_details
+    usage: dict[str, Any] = {"output_tokens": output_tokens}
+    if server_tool_use is not None:
+        usage["server_tool_use"] = server_tool_use
     return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens},
-        },
+        {"type": "message_delta", "delta": delta, "usage": usage},
         {"type": "message_stop"},
     ]
 
 
 def stream_body(
-    *blocks: list[dict[str, Any]], stop_reason: str, output_tokens: int = 12, **start: int
+    *blocks: list[dict[str, Any]],
+    stop_reason: str,
+    output_tokens: int = 12,
+    stop_sequence: str | None = None,
+    stop_details: dict[str, Any] | None = None,
+    server_tool_use: dict[str, int] | None = None,
+    **start: int,
 ) -> bytes:
     events = [message_start(**start), {"type": "ping"}]
     for block in blocks:
         events += block
-    return sse(*events, *message_end(stop_reason, output_tokens))
+    end = message_end(
+        stop_reason,
+        output_tokens,
+        stop_sequence=stop_sequence,
+        stop_details=stop_details,
+        server_tool_use=server_tool_use,
+    )
+    return sse(*events, *end)
 
 
 def ok(body: bytes) -> httpx2.Response:

@@ -26,6 +26,8 @@ from wakeful import (
     ToolOutcome,
     ToolResult,
 )
+from wakeful.errors import RunFailedError
+from wakeful.events import HandlerFailed
 from wakeful.history import INTERRUPTED
 from wakeful.models import ModelRequest, ModelResponse
 
@@ -192,14 +194,17 @@ async def test_a_non_retryable_model_error_fails_the_run_with_its_message(cluste
     assert results[-1].status == "failed" and "HTTP 400" in results[-1].error
 
 
-async def test_missing_api_key_is_a_clear_error_at_use_agent(cluster, monkeypatch):
+async def test_missing_api_key_fails_the_run_at_once_with_a_clear_error(cluster, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    rt = await cluster.runtime(adding_app("claude-sonnet-4-6", []), max_attempts=1)
-    await rt.send("/bot/b", "hi")
+    rt = await cluster.runtime(adding_app("claude-sonnet-4-6", []))
+    with pytest.raises(RunFailedError, match="ANTHROPIC_API_KEY is not set") as failed:
+        await rt.ask("/bot/b", "hi")
+    assert failed.value.status == "failed"
     status = await rt.wait_idle("/bot/b")
-    assert status.status == "failed"
-    assert "ANTHROPIC_API_KEY" in status.error
+    assert status.status == "idle"  # the run failed; the entity goes on (not parked)
     assert [r async for r in rt.events("/bot/b") if isinstance(r.event, AssistantStep)] == []
+    failures = [r async for r in rt.events("/bot/b") if isinstance(r.event, HandlerFailed)]
+    assert failures == []  # no retries
 
 
 # --- crash and resume -----------------------------------------------------------------

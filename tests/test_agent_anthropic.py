@@ -28,7 +28,7 @@ from wakeful import (
     ToolOutcome,
     ToolResult,
 )
-from wakeful.events import HandlerFailed
+from wakeful.events import HandlerFailed, ModelRetryWait
 from wakeful.models import AnthropicModel
 
 pytestmark = pytest.mark.anyio
@@ -201,7 +201,7 @@ async def test_a_429_is_retried_by_the_sdk_within_the_step(cluster):
 
 
 @pytest.mark.parametrize("failing_call", [0, 1], ids=["first-call", "after-a-tool-call"])
-async def test_a_500_retries_the_wake_and_the_run_resumes_from_the_journal(cluster, failing_call):
+async def test_a_500_waits_on_a_timer_and_the_run_resumes_from_the_journal(cluster, failing_call):
     responses = [ok(tool_use_stream()), ok(text_stream())]
     responses.insert(failing_call, error_response(500, "api_error", "Internal server error"))
     server = Server(*responses)
@@ -215,9 +215,10 @@ async def test_a_500_retries_the_wake_and_the_run_resumes_from_the_journal(clust
     assert len(server.requests) == 3
     # The failed request is sent again as it was: journaled steps are not asked again.
     assert server.body(failing_call) == server.body(failing_call + 1)
-    [failure] = await events_of(rt, "/bot/b", HandlerFailed)
-    assert failure.attempt == 1
-    assert failure.error_type == "ModelError" and "HTTP 500" in failure.error
+    # The run waited on a durable timer (test_model_retry.py), not a failed wake.
+    [wait] = await events_of(rt, "/bot/b", ModelRetryWait)
+    assert wait.attempt == 1 and "HTTP 500" in wait.error
+    assert await events_of(rt, "/bot/b", HandlerFailed) == []
     steps = await events_of(rt, "/bot/b", AssistantStep)
     assert [s.step for s in steps] == [1, 2]  # no step journaled twice
     assert executions == [CALL_ID]  # the settled call did not run again

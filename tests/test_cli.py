@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,16 @@ def worker_registry() -> Registry:
     async def broken(ctx: HandlerContext) -> None:
         ctx.use_agent(system_prompt="", model=ScriptedModel(refuse), tools=[])
         await ctx.agent.run()
+
+    for name, stop_reason in (("cutoff", "max_tokens"), ("refuser", "refusal")):
+
+        def ended(request: object, stop_reason: str = stop_reason) -> object:
+            return ScriptedModel.text("Half an", stop_reason=stop_reason)
+
+        @registry.entity(name)
+        async def stopped(ctx: HandlerContext, ended: Any = ended) -> None:
+            ctx.use_agent(system_prompt="", model=ScriptedModel(ended), tools=[])
+            await ctx.agent.run()
 
     @registry.entity("fragile")
     async def fragile(ctx: HandlerContext) -> None:
@@ -221,6 +232,18 @@ async def test_ask_exit_codes_for_failed_and_slow_runs(worker, server_url, prefi
     assert "the model is down" in failed.stderr
     slow = await run(server_url, prefix, "ask", "/slow/s1", "hello", "--timeout", "0.5")
     assert slow.returncode == 5 and "timed out: /slow/s1 is still" in slow.stderr
+
+
+async def test_ask_exit_codes_for_truncated_and_refused_runs(worker, server_url, prefix):
+    cut = await run(server_url, prefix, "ask", "/cutoff/c1", "hello")
+    assert cut.returncode == 7, cut.stderr
+    assert "Half an" in cut.stdout and "truncated" in cut.stderr
+    assert "output limit of 4096 tokens" in cut.stderr
+    refused = await run(server_url, prefix, "ask", "/refuser/r1", "hello", "--json")
+    assert refused.returncode == 8, refused.stderr
+    result = json.loads(refused.stdout)
+    assert (result["status"], result["stop_reason"]) == ("refused", "refusal")
+    assert result["response"] == "Half an"
 
 
 async def test_pending_approve_and_deny(worker, server_url, prefix):

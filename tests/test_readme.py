@@ -41,6 +41,13 @@ def test_readme_context_management_example_runs():
     asyncio.run(namespace["main"]())
 
 
+def test_readme_stop_status_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"### How runs end: .*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out == "truncated max_tokens 'The first half'\n"
+
+
 def test_readme_typed_contract_example_defines_an_agent(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test")  # the example names a claude model
     readme = (ROOT / "README.md").read_text()

@@ -429,9 +429,12 @@ function onDurable(kind, event) {
       break;
     case "run_finished":
       finishStreaming(event.run_id);
-      if (event.status === "completed" && event.response && !app.runText) {
+      // truncated (cut off) and refused runs answered something: show it, then the status
+      const answered = ["completed", "truncated", "refused"].includes(event.status);
+      if (answered && event.response && !app.runText) {
         addBubble("agent", event.response);
-      } else if (event.status !== "completed") {
+      }
+      if (event.status !== "completed") {
         addNote(`run ${event.status}${event.error ? `: ${event.error}` : ""}`, true);
       }
       break;
