@@ -62,20 +62,19 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 from benchlib import (
     STARTUP_TIMEOUT_S,
     Child,
     add_gc_freeze_argument,
     add_profiling_arguments,
     add_redis_argument,
-    background_load,
     code_version,
     counting_redis,
     delete_prefix,
     describe_machine,
     emit,
     fmt,
-    machine_info,
     percentiles,
     print_profile,
     raw_consume,
@@ -97,6 +96,7 @@ from wakeful import (
 )
 from wakeful.keys import Keyspace
 from wakeful.models import ModelRequest, ModelResponse
+from wakeful.state import Snapshot
 from wakeful.store import Store
 
 WARM = "/agent/warm"
@@ -570,85 +570,197 @@ def sweep_app(timings: list[tuple[float, float, int]]) -> Registry:
     return reg
 
 
+class SnapshotWrites:
+    """What the commits of the swept entity wrote: every commit, and of the commits that
+    wrote a snapshot, the snapshot's bytes and its new conversation chunks' bytes (a
+    wrapper of ``Store.commit``, installed for the sweep)."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.snapshots: list[tuple[int, int]] = []  # (snapshot bytes, new chunk bytes)
+        self._original = Store.commit
+
+    def install(self) -> None:
+        original, writes = self._original, self
+
+        async def commit(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
+            ids = await original(store, url, token, **kwargs)
+            if url == SWEEP_URL:
+                writes.commits += 1
+                if kwargs.get("snapshot"):
+                    chunks = sum(len(data) for _, data in kwargs.get("chunks", ()))
+                    writes.snapshots.append((len(kwargs["snapshot"]), chunks))
+            return ids
+
+        Store.commit = commit  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        Store.commit = self._original  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.commits, self.snapshots = 0, []
+
+
+SWEEP_URL = "/agent/sweep"
+
+
+async def stored_bytes(rt: Runtime, url: str) -> tuple[int, int]:
+    """(the snapshot's bytes, its conversation chunks' bytes) as stored in Redis now."""
+    assert rt.store is not None
+    keys = rt.store.keys
+    snapshot = await rt.store.redis.strlen(keys.snap(url))
+    chunks = await rt.store.redis.hvals(keys.conv(url))
+    return int(snapshot), sum(len(c) for c in chunks)
+
+
+def inline_snapshot_bytes(state: Any) -> int:
+    """The snapshot's bytes with the whole conversation inline (as before chunks)."""
+    rows = {n: {k: msgspec.Raw(d) for k, d in t.items()} for n, t in state.rows.items()}
+    return len(msgspec.msgpack.encode(Snapshot(rows=rows, system=state.system)))
+
+
 async def sweep_main(args: argparse.Namespace) -> int:
-    """ms per step (the runtime's: the model's own time taken out) and snapshot bytes
-    after 10, 100 and 1,000 prior turns of one tool call each, on the embedded runtime."""
-    machine = machine_info({})
+    """ms per step (the runtime's: the model's own time taken out) and what snapshots
+    write after 10, 100 and 1,000 prior turns of one tool call each, next to the raw
+    redis-py consume loop in the same run."""
+    r = Redis.from_url(args.redis, decode_responses=False)
+    machine = await describe_machine(r)
+    machine["code"] = code_version()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(
-        f"machine: {machine['platform']} | {machine['cpu']} | {machine['cores']} cores | "
-        f"Python {machine['python']} | msgspec {machine['msgspec']} | load average "
-        + (" ".join(f"{x:.2f}" for x in load) if load else "?")
-    )
-    busy = await background_load()
-    if busy is not None:
-        print(f"CPU busy before the run (other processes): {busy:.0%}")
+    machine["load_average"] = list(load) if load else None
+    print("load average: " + (" ".join(f"{x:.2f}" for x in load) if load else "?"))
     checkpoints = [10, 30, 100] if args.quick else [10, 100, 1000]
     measured = args.sweep_runs
     print(
         f"sweep: one conversation, runs of 2 model steps + 1 tool call; {measured} runs "
-        f"measured after {', '.join(f'{n:,}' for n in checkpoints)} prior turns; embedded "
-        f"runtime at {code_version()}; target: at {checkpoints[-1]:,} turns at most "
-        f"{SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
+        f"measured after {', '.join(f'{n:,}' for n in checkpoints)} prior turns; worker "
+        f"and client in this process on the Redis above, a snapshot every "
+        f"{args.snapshot_every} log entries; runtime at {machine['code']}; target: at "
+        f"{checkpoints[-1]:,} turns at most {SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
         flush=True,
     )
+    base = unique_prefix("wksweep")
     timings: list[tuple[float, float, int]] = []
-    rt = Runtime(sweep_app(timings), settings=Settings())
-    await rt.start()
-    url = "/agent/sweep"
+    writes = SnapshotWrites()
     rows: list[dict[str, Any]] = []
-    turns = 0
     try:
-        for checkpoint in checkpoints:
-            while turns < checkpoint:
-                await rt.ask(url, f"turn {turns}", timeout=120)
-                turns += 1
-            if args.gc_freeze:  # as a long-running worker does once started (see --no-gc-freeze)
-                gc.collect()
-                gc.freeze()
-            del timings[:]
-            for _ in range(measured):
-                await rt.ask(url, f"turn {turns}", timeout=120)
-                turns += 1
-            per_step = [(run - model) / steps for run, model, steps in timings if steps]
-            state = await rt._folded(url)
-            rows.append(
-                {
-                    "turns": checkpoint,
-                    "ms_per_step": statistics.median(per_step) * 1000,
-                    "snapshot_bytes": len(state.snapshot()),
-                }
-            )
-            row = rows[-1]
-            print(
-                f"  {checkpoint:>6,} prior turns: {row['ms_per_step']:7.2f} ms per step "
-                f"(median of {len(per_step)} runs), snapshot {row['snapshot_bytes']:>10,} bytes",
-                flush=True,
-            )
+        raw = await run_raw_throughput(
+            __file__,
+            r,
+            args.redis,
+            f"{base}-r",
+            partitions=args.partitions,
+            entities=1000,
+            messages=args.raw_messages,
+        )
+        raw_ms = 1000 / raw["msgs_per_s"]
+        print(
+            f"  raw redis-py consume loop: {fmt(raw['msgs_per_s'])} msgs/s, {raw_ms:.3f} ms and "
+            f"{raw['cpu_us_per_msg']:.1f} CPU us per message",
+            flush=True,
+        )
+        settings = Settings.from_env(
+            redis_url=args.redis,
+            prefix=f"{base}-w",
+            partitions=args.partitions,
+            snapshot_every=args.snapshot_every,
+        )
+        rt = Runtime(sweep_app(timings), settings=settings, run_worker=True)
+        await rt.start()
+        writes.install()
+        turns = 0
+        try:
+            for checkpoint in checkpoints:
+                while turns < checkpoint:
+                    await rt.ask(SWEEP_URL, f"turn {turns}", timeout=120)
+                    turns += 1
+                if args.gc_freeze:  # as a long-running worker does (see --no-gc-freeze)
+                    gc.collect()
+                    gc.freeze()
+                del timings[:]
+                writes.reset()
+                profiler = cProfile.Profile() if args.profile_worker else None
+                if profiler is not None and checkpoint == checkpoints[-1]:
+                    profiler.enable()
+                for _ in range(measured):
+                    await rt.ask(SWEEP_URL, f"turn {turns}", timeout=120)
+                    turns += 1
+                if profiler is not None and checkpoint == checkpoints[-1]:
+                    profiler.disable()
+                    profiler.dump_stats(args.profile_worker)
+                per_step = [(run - model) / steps for run, model, steps in timings if steps]
+                snapshot, chunks = await stored_bytes(rt, SWEEP_URL)
+                state = await rt._folded(SWEEP_URL)
+                written = [snap + new for snap, new in writes.snapshots]
+                rows.append(
+                    {
+                        "turns": checkpoint,
+                        "events": len(state.system.history),
+                        "ms_per_step": statistics.median(per_step) * 1000,
+                        "commits": writes.commits,
+                        "snapshot_commits": len(writes.snapshots),
+                        # per snapshot-writing commit: the snapshot, and with its chunks
+                        "snapshot_bytes": statistics.fmean(s for s, _ in writes.snapshots)
+                        if writes.snapshots
+                        else 0,
+                        "written_per_snapshot": statistics.fmean(written) if written else 0,
+                        # spread over every commit of the measured runs
+                        "written_per_commit": sum(written) / max(1, writes.commits),
+                        "stored_snapshot": snapshot,
+                        "stored_chunks": chunks,
+                        "inline_snapshot": inline_snapshot_bytes(state),
+                    }
+                )
+                row = rows[-1]
+                print(
+                    f"  {checkpoint:>6,} prior turns ({row['events']:,} events after): "
+                    f"{row['ms_per_step']:7.2f} ms per step (median of {len(per_step)} runs, "
+                    f"{row['ms_per_step'] / raw_ms:5.1f}x a raw message); "
+                    f"{row['snapshot_commits']} snapshots in {row['commits']} commits, each "
+                    f"{fmt(row['snapshot_bytes'])} B + {fmt(row['written_per_snapshot'] - row['snapshot_bytes'])} "
+                    f"B of new chunks ({fmt(row['written_per_commit'])} B per commit); stored: "
+                    f"snapshot {fmt(snapshot)} B + chunks {fmt(chunks)} B (inline it would be "
+                    f"{fmt(row['inline_snapshot'])} B)",
+                    flush=True,
+                )
+        finally:
+            writes.uninstall()
+            await rt.close()
     finally:
-        await rt.close()
+        for side in "rw":
+            await delete_prefix(r, f"{base}-{side}")
+        await r.aclose()
     first, last = rows[0], rows[-1]
     ratio = last["ms_per_step"] / first["ms_per_step"]
-    snap_ratio = last["snapshot_bytes"] / first["snapshot_bytes"]
     verdict = "PASS" if ratio <= SWEEP_TARGET else "MISS"
-    snap_verdict = "PASS" if snap_ratio <= SWEEP_TARGET else "MISS"
+    # Snapshot bytes written per snapshot-writing commit; without a snapshot in the first
+    # window there is nothing to compare.
+    snap_ratio = (
+        last["written_per_snapshot"] / first["written_per_snapshot"]
+        if first["written_per_snapshot"] and last["written_per_snapshot"]
+        else None
+    )
+    snap_verdict = "?" if snap_ratio is None else "PASS" if snap_ratio <= SWEEP_TARGET else "MISS"
     print(
         f"ms per step at {last['turns']:,} turns: {ratio:.2f}x the cost at {first['turns']:,} "
         f"(target <= {SWEEP_TARGET:g}x): {verdict}"
     )
     print(
-        f"snapshot bytes at {last['turns']:,} turns: {snap_ratio:.1f}x those at "
-        f"{first['turns']:,} (target <= {SWEEP_TARGET:g}x): {snap_verdict}"
+        f"bytes a snapshot writes at {last['turns']:,} turns: "
+        + (f"{snap_ratio:.2f}x" if snap_ratio is not None else "?")
+        + f" those at {first['turns']:,} (target <= {SWEEP_TARGET:g}x): {snap_verdict}"
     )
     emit(
         machine=machine,
-        busy_before=busy,
+        raw=raw,
         sweep=rows,
         ratio=ratio,
         snapshot_ratio=snap_ratio,
         verdict=verdict,
         snapshot_verdict=snap_verdict,
     )
+    if args.profile_worker:
+        print_profile(args.profile_worker, 50)
     return 0
 
 
@@ -684,9 +796,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sweep",
         action="store_true",
         help="only the sweep: ms per step and snapshot bytes after 10, 100 and 1,000 prior "
-        "turns (30 and 100 with --quick), on the embedded runtime (no Redis needed)",
+        "turns (30 and 100 with --quick), worker and client in this process "
+        "(--profile-worker FILE profiles the last point)",
     )
     parser.add_argument("--sweep-runs", type=int, default=20, help="runs measured per point")
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=50,
+        help="sweep: a snapshot every this many log entries (so each point writes some)",
+    )
     # internal: the consumer processes
     parser.add_argument(
         "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -20,6 +21,7 @@ from wakeful.compaction import SUMMARY_SYSTEM
 from wakeful.errors import ConversationChunkError, FencedError
 from wakeful.events import ConversationCompacted
 from wakeful.fold import rebuild
+from wakeful.gateway import bearer_tokens, create_app
 from wakeful.models import ModelRequest, ModelResponse
 from wakeful.state import CHUNK_EVENTS, EntityState, Snapshot, chunk_field
 from wakeful.store import Store
@@ -287,3 +289,52 @@ async def test_deleting_the_entity_deletes_its_chunks(cluster):
     assert await conv_fields(rt)
     await rt.delete(URL)  # waits until the metadata is gone
     assert not await rt.store.redis.exists(rt.store.keys.conv(URL))
+
+
+# -- compact and reset over HTTP -------------------------------------------------------
+
+TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}
+ALICE = {"authorization": "Bearer t-alice"}
+BOB = {"authorization": "Bearer t-bob"}
+
+
+async def test_compact_and_reset_over_http_are_authorised_writes(cluster):
+    rt = await cluster.runtime(agent_app(), snapshot_every=5)
+    app = create_app(rt, authenticate=bearer_tokens(TOKENS))  # the owner policy
+    base = "/entities/agent/long"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as http:
+        await http.post(base, json={}, headers=ALICE)  # alice creates, so owns, it
+        for n in range(6):
+            await http.post(f"{base}/messages", json={"payload": f"turn {n}"}, headers=ALICE)
+            await rt.wait_idle(URL)
+        before = await rt.history(URL)
+        # Another identity may not, nor may an anonymous caller, nor for a missing entity.
+        assert (await http.post(f"{base}/compact", json={}, headers=BOB)).status_code == 403
+        assert (await http.post(f"{base}/reset", json={})).status_code == 401
+        missing = await http.post("/entities/agent/none/compact", json={}, headers=ALICE)
+        assert missing.status_code in (403, 404)
+        bad = await http.post(f"{base}/compact", json={"wait": "yes"}, headers=ALICE)
+        assert bad.status_code == 400 and "wait" in bad.json()["error"]["message"]
+        await rt.wait_idle(URL)
+        assert await rt.history(URL) == before  # nothing was asked of the entity
+        compacted = await http.post(f"{base}/compact", json={"wait": True}, headers=ALICE)
+        assert compacted.status_code == 200, compacted.text
+        assert compacted.json() == {"url": URL, "compacted": True}
+        history = await rt.history(URL)
+        assert isinstance(history[0], ConversationCompacted) and history[0].mode == "compact"
+        # Without wait it is only requested (202); the entity resets when it wakes.
+        requested = await http.post(f"{base}/reset", headers=ALICE | JSON)
+        assert requested.status_code == 202
+        assert requested.json() == {"url": URL, "requested": "reset"}
+        await rt.wait_idle(URL)
+        assert await rt.conversation(URL) == []
+        again = await http.post(f"{base}/reset", json={"wait": True}, headers=ALICE)
+        assert again.json() == {"url": URL, "reset": False}  # nothing left to drop
+        await check_everywhere(rt)
+        spec = (await http.get("/openapi.json")).json()["paths"]
+        for action in ("compact", "reset"):
+            op = spec[f"/entities/{{type}}/{{id}}/{action}"]["post"]
+            assert {"200", "202", "403", "404", "504"} <= set(op["responses"])
+
+
+JSON = {"content-type": "application/json"}
