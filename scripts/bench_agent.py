@@ -538,9 +538,9 @@ async def main_async(args: argparse.Namespace) -> int:
 SWEEP_TARGET = 2.0  # at the longest conversation, at most this many times the shortest's
 
 
-def sweep_app(timings: list[tuple[float, float, int]]) -> Registry:
+def sweep_app(timings: dict[str, list[tuple[float, float, int]]]) -> Registry:
     """An agent whose runs call ``echo`` once, then answer; each run appends
-    ``(run wall s, model s, steps)`` to ``timings``."""
+    ``(run wall s, model s, steps)`` to ``timings[its url]``."""
     reg = Registry()
     model_s = [0.0]
 
@@ -565,7 +565,8 @@ def sweep_app(timings: list[tuple[float, float, int]]) -> Registry:
         )
         before, started = model_s[0], time.perf_counter()
         result = await ctx.agent.run()
-        timings.append((time.perf_counter() - started, model_s[0] - before, result.steps))
+        timing = (time.perf_counter() - started, model_s[0] - before, result.steps)
+        timings.setdefault(ctx.entity_url, []).append(timing)
 
     return reg
 
@@ -576,8 +577,8 @@ class SnapshotWrites:
     wrapper of ``Store.commit``, installed for the sweep)."""
 
     def __init__(self) -> None:
-        self.commits = 0
-        self.snapshots: list[tuple[int, int]] = []  # (snapshot bytes, new chunk bytes)
+        self.commits: dict[str, int] = {}
+        self.snapshots: dict[str, list[tuple[int, int]]] = {}  # (snapshot, new chunks) bytes
         self._original = Store.commit
 
     def install(self) -> None:
@@ -585,11 +586,10 @@ class SnapshotWrites:
 
         async def commit(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
             ids = await original(store, url, token, **kwargs)
-            if url == SWEEP_URL:
-                writes.commits += 1
-                if kwargs.get("snapshot"):
-                    chunks = sum(len(data) for _, data in kwargs.get("chunks", ()))
-                    writes.snapshots.append((len(kwargs["snapshot"]), chunks))
+            writes.commits[url] = writes.commits.get(url, 0) + 1
+            if kwargs.get("snapshot"):
+                chunks = sum(len(data) for _, data in kwargs.get("chunks", ()))
+                writes.snapshots.setdefault(url, []).append((len(kwargs["snapshot"]), chunks))
             return ids
 
         Store.commit = commit  # type: ignore[method-assign]
@@ -598,10 +598,7 @@ class SnapshotWrites:
         Store.commit = self._original  # type: ignore[method-assign]
 
     def reset(self) -> None:
-        self.commits, self.snapshots = 0, []
-
-
-SWEEP_URL = "/agent/sweep"
+        self.commits, self.snapshots = {}, {}
 
 
 async def stored_bytes(rt: Runtime, url: str) -> tuple[int, int]:
@@ -632,17 +629,19 @@ async def sweep_main(args: argparse.Namespace) -> int:
     checkpoints = [10, 30, 100] if args.quick else [10, 100, 1000]
     measured = args.sweep_runs
     print(
-        f"sweep: one conversation, runs of 2 model steps + 1 tool call; {measured} runs "
-        f"measured after {', '.join(f'{n:,}' for n in checkpoints)} prior turns; worker "
+        f"sweep: one conversation per point, runs of 2 model steps + 1 tool call; "
+        f"{measured} runs of each measured, in turn, after "
+        f"{', '.join(f'{n:,}' for n in checkpoints)} prior turns; worker "
         f"and client in this process on the Redis above, a snapshot every "
         f"{args.snapshot_every} log entries; runtime at {machine['code']}; target: at "
         f"{checkpoints[-1]:,} turns at most {SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
         flush=True,
     )
     base = unique_prefix("wksweep")
-    timings: list[tuple[float, float, int]] = []
+    timings: dict[str, list[tuple[float, float, int]]] = {}
     writes = SnapshotWrites()
     rows: list[dict[str, Any]] = []
+    urls = {checkpoint: f"/agent/sweep{checkpoint}" for checkpoint in checkpoints}
     try:
         raw = await run_raw_throughput(
             __file__,
@@ -668,44 +667,49 @@ async def sweep_main(args: argparse.Namespace) -> int:
         rt = Runtime(sweep_app(timings), settings=settings, run_worker=True)
         await rt.start()
         writes.install()
-        turns = 0
         try:
-            for checkpoint in checkpoints:
-                while turns < checkpoint:
-                    await rt.ask(SWEEP_URL, f"turn {turns}", timeout=120)
-                    turns += 1
-                if args.gc_freeze:  # as a long-running worker does (see --no-gc-freeze)
-                    gc.collect()
-                    gc.freeze()
-                del timings[:]
-                writes.reset()
-                profiler = cProfile.Profile() if args.profile_worker else None
-                if profiler is not None and checkpoint == checkpoints[-1]:
-                    profiler.enable()
-                for _ in range(measured):
-                    await rt.ask(SWEEP_URL, f"turn {turns}", timeout=120)
-                    turns += 1
-                if profiler is not None and checkpoint == checkpoints[-1]:
-                    profiler.disable()
-                    profiler.dump_stats(args.profile_worker)
-                per_step = [(run - model) / steps for run, model, steps in timings if steps]
-                snapshot, chunks = await stored_bytes(rt, SWEEP_URL)
-                state = await rt._folded(SWEEP_URL)
-                written = [snap + new for snap, new in writes.snapshots]
+            # One conversation per point, grown to its length first; then the measured
+            # runs go round the conversations, so that the load of the machine (shared,
+            # changing) weighs on every point alike.
+            for checkpoint, url in urls.items():
+                for turn in range(checkpoint):
+                    await rt.ask(url, f"turn {turn}", timeout=120)
+                print(f"  {url}: {checkpoint:,} turns", flush=True)
+            if args.gc_freeze:  # as a long-running worker does (see --no-gc-freeze)
+                gc.collect()
+                gc.freeze()
+            timings.clear()
+            writes.reset()
+            profiler = cProfile.Profile() if args.profile_worker else None
+            longest = urls[checkpoints[-1]]
+            for n in range(measured):
+                for url in urls.values():
+                    if profiler is not None and url == longest:
+                        profiler.enable()
+                    await rt.ask(url, f"measured turn {n}", timeout=120)
+                    if profiler is not None and url == longest:
+                        profiler.disable()
+            if profiler is not None:
+                profiler.dump_stats(args.profile_worker)
+            for checkpoint, url in urls.items():
+                per_step = [(run - model) / steps for run, model, steps in timings[url] if steps]
+                snapshot, chunks = await stored_bytes(rt, url)
+                state = await rt._folded(url)
+                snaps = writes.snapshots.get(url, [])
+                written = [snap + new for snap, new in snaps]
+                commits = writes.commits.get(url, 0)
                 rows.append(
                     {
                         "turns": checkpoint,
                         "events": len(state.system.history),
                         "ms_per_step": statistics.median(per_step) * 1000,
-                        "commits": writes.commits,
-                        "snapshot_commits": len(writes.snapshots),
+                        "commits": commits,
+                        "snapshot_commits": len(snaps),
                         # per snapshot-writing commit: the snapshot, and with its chunks
-                        "snapshot_bytes": statistics.fmean(s for s, _ in writes.snapshots)
-                        if writes.snapshots
-                        else 0,
+                        "snapshot_bytes": statistics.fmean(s for s, _ in snaps) if snaps else 0,
                         "written_per_snapshot": statistics.fmean(written) if written else 0,
                         # spread over every commit of the measured runs
-                        "written_per_commit": sum(written) / max(1, writes.commits),
+                        "written_per_commit": sum(written) / max(1, commits),
                         "stored_snapshot": snapshot,
                         "stored_chunks": chunks,
                         "inline_snapshot": inline_snapshot_bytes(state),
@@ -717,9 +721,10 @@ async def sweep_main(args: argparse.Namespace) -> int:
                     f"{row['ms_per_step']:7.2f} ms per step (median of {len(per_step)} runs, "
                     f"{row['ms_per_step'] / raw_ms:5.1f}x a raw message); "
                     f"{row['snapshot_commits']} snapshots in {row['commits']} commits, each "
-                    f"{fmt(row['snapshot_bytes'])} B + {fmt(row['written_per_snapshot'] - row['snapshot_bytes'])} "
-                    f"B of new chunks ({fmt(row['written_per_commit'])} B per commit); stored: "
-                    f"snapshot {fmt(snapshot)} B + chunks {fmt(chunks)} B (inline it would be "
+                    f"{fmt(row['snapshot_bytes'])} B + "
+                    f"{fmt(row['written_per_snapshot'] - row['snapshot_bytes'])} B of new chunks "
+                    f"({fmt(row['written_per_commit'])} B per commit); stored: snapshot "
+                    f"{fmt(snapshot)} B + chunks {fmt(chunks)} B (inline it would be "
                     f"{fmt(row['inline_snapshot'])} B)",
                     flush=True,
                 )
