@@ -306,8 +306,15 @@ class EntityState:
             self.system.apply(event)
 
     def snapshot(self) -> bytes:
-        """The snapshot bytes of :meth:`snapshot_write` (its chunks are not returned)."""
-        return self.snapshot_write().data
+        """A self-contained snapshot: the whole conversation inline (``v=1``), as before
+        chunks; the worker writes :meth:`snapshot_write` instead."""
+        return _encoder.encode(Snapshot(rows=self._raw_rows(), system=self.system))
+
+    def _raw_rows(self) -> dict[str, dict[Any, msgspec.Raw]]:
+        return {
+            name: {key: msgspec.Raw(data) for key, data in table.items()}
+            for name, table in self.rows.items()
+        }
 
     def snapshot_write(self) -> SnapshotWrite:
         """The snapshot to write now, and the conversation chunks to write and drop with it.
@@ -334,10 +341,7 @@ class EntityState:
             events += CHUNK_EVENTS
             index += 1
         ref = ConversationRef(gen=gen, chunks=index, events=events)
-        rows = {
-            name: {key: msgspec.Raw(data) for key, data in table.items()}
-            for name, table in self.rows.items()
-        }
+        rows = self._raw_rows()
         if index:
             system = msgspec.structs.replace(self.system, history=history[events:])
             snap = Snapshot(v=2, rows=rows, system=system, conv=ref)

@@ -62,7 +62,6 @@ import sys
 import time
 from typing import Any
 
-import msgspec
 from benchlib import (
     STARTUP_TIMEOUT_S,
     Child,
@@ -96,7 +95,6 @@ from wakeful import (
 )
 from wakeful.keys import Keyspace
 from wakeful.models import ModelRequest, ModelResponse
-from wakeful.state import Snapshot
 from wakeful.store import Store
 
 WARM = "/agent/warm"
@@ -206,7 +204,7 @@ def respond(request: ModelRequest) -> ModelResponse:
 
 
 class TimedModel(ScriptedModel):
-    """ScriptedModel, timing its own calls (it deep-copies every request it records)."""
+    """ScriptedModel, timing its own calls."""
 
     def __init__(self, script: Any) -> None:
         super().__init__(script)
@@ -540,33 +538,29 @@ SWEEP_TARGET = 2.0  # at the longest conversation, at most this many times the s
 
 def sweep_app(timings: dict[str, list[tuple[float, float, int]]]) -> Registry:
     """An agent whose runs call ``echo`` once, then answer; each run appends
-    ``(run wall s, model s, steps)`` to ``timings[its url]``."""
+    ``(run wall s, model s, steps)`` to ``timings[its url]``. The model's time is all
+    of ``ScriptedModel.complete`` (its usage estimate included: that is the fake
+    model's own work). Each conversation has its model, as a long-lived agent would:
+    the estimate measures only what a request adds to the last one of that model."""
     reg = Registry()
-    model_s = [0.0]
 
     def step(request: ModelRequest) -> ModelResponse:
-        started = time.perf_counter()
         last = request.messages[-1]["content"]
         if any(block.get("type") == "tool_result" for block in last):
-            response = ScriptedModel.text("Done: the tool echoed it.")
-        else:
-            response = ScriptedModel.tool_calls(("echo", {"text": "ping"}))
-        model_s[0] += time.perf_counter() - started
-        return response
+            return ScriptedModel.text("Done: the tool echoed it.")
+        return ScriptedModel.tool_calls(("echo", {"text": "ping"}))
 
-    model = ScriptedModel(step, name="sweep")
+    models: dict[str, TimedModel] = {}
 
     @reg.entity("agent")
     async def agent(ctx: HandlerContext) -> None:
-        ctx.use_agent(
-            system_prompt="You echo.",
-            model=model,
-            tools=[ECHO],
-        )
-        before, started = model_s[0], time.perf_counter()
+        model = models.setdefault(ctx.entity_url, TimedModel(step))
+        ctx.use_agent(system_prompt="You echo.", model=model, tools=[ECHO])
+        before, started = model.seconds, time.perf_counter()
         result = await ctx.agent.run()
-        timing = (time.perf_counter() - started, model_s[0] - before, result.steps)
+        timing = (time.perf_counter() - started, model.seconds - before, result.steps)
         timings.setdefault(ctx.entity_url, []).append(timing)
+        model.requests.clear()  # it records every request: not needed here
 
     return reg
 
@@ -612,8 +606,7 @@ async def stored_bytes(rt: Runtime, url: str) -> tuple[int, int]:
 
 def inline_snapshot_bytes(state: Any) -> int:
     """The snapshot's bytes with the whole conversation inline (as before chunks)."""
-    rows = {n: {k: msgspec.Raw(d) for k, d in t.items()} for n, t in state.rows.items()}
-    return len(msgspec.msgpack.encode(Snapshot(rows=rows, system=state.system)))
+    return len(state.snapshot())
 
 
 async def sweep_main(args: argparse.Namespace) -> int:
