@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -544,11 +545,15 @@ def sweep_app(timings: dict[str, list[tuple[float, float, int]]]) -> Registry:
     the estimate measures only what a request adds to the last one of that model."""
     reg = Registry()
 
+    calls = itertools.count(1)
+
     def step(request: ModelRequest) -> ModelResponse:
         last = request.messages[-1]["content"]
         if any(block.get("type") == "tool_result" for block in last):
             return ScriptedModel.text("Done: the tool echoed it.")
-        return ScriptedModel.tool_calls(("echo", {"text": "ping"}))
+        # Unique ids: ScriptedModel numbers calls by the requests it keeps, cleared below.
+        call = {"type": "tool_use", "id": f"toolu_{next(calls)}", "name": "echo"}
+        return ModelResponse(content=[{**call, "input": {"text": "ping"}}], stop_reason="tool_use")
 
     models: dict[str, TimedModel] = {}
 
