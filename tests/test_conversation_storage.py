@@ -225,6 +225,13 @@ async def test_a_missing_chunk_is_named_not_guessed(cluster):
     await rt.store.redis.hdel(rt.store.keys.conv(URL), chunk_field(snap.conv.gen, 0))
     with pytest.raises(ConversationChunkError, match=r"/agent/long.*chunk 0:0, which is missing"):
         await rt.history(URL)
+    # A worker that must load it cold parks the entity with the same reason, rather
+    # than run the agent on a conversation with a hole in it.
+    rt.worker.cache.forget(URL)
+    await rt.send(URL, "one more")
+    status = await rt.wait_idle(URL)
+    assert status.status == "failed"
+    assert "chunk 0:0, which is missing" in (status.error or "")
 
 
 @pytest.mark.parametrize("point", ["snapshot:before-commit", "snapshot:after-commit"])
