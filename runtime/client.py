@@ -546,7 +546,7 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         collections = {}
         if meta.type in self.registry:
             collections = self.registry.get(meta.type).state
-        state = initial_state(collections, loaded.snapshot, meta.snapshot_out)
+        state = initial_state(collections, loaded.snapshot, meta.snapshot_out, loaded.chunks, url)
         cursor = meta.cursor
         folded = rebuild(url, state, loaded.entries, cursor)
         if folded.undecodable:  # an unhandled entry: its input is unknown, not skippable

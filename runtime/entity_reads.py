@@ -7,7 +7,7 @@ partition leases, the inbox and timers): plain Redis reads, decoded through
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio.client import Pipeline
@@ -31,6 +31,8 @@ class Loaded:
     info: EntityMeta | None  # the same, parsed (None if the entity is gone)
     snapshot: bytes | None
     entries: list[Entry]
+    # the conversation chunks the snapshot references (field -> chunk), read with it
+    chunks: dict[bytes, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +47,19 @@ class EntityReads(ScriptRunner):
     """Reads of entity data (see the module docstring)."""
 
     async def load(self, url: str, after: str | None, page: int = 1000) -> Loaded:
-        """Metadata plus the log after ``after`` (or after the snapshot when None)."""
+        """Metadata plus the log after ``after`` (or after the snapshot, and the
+        snapshot with its conversation chunks, when None)."""
         k = self.keys
-        meta_flat, snapshot, raw = await self._run(
-            LOAD, [k.meta(url), k.snap(url), k.log(url)], [after or "", page]
+        meta_flat, snapshot, raw, chunks_flat = await self._run(
+            LOAD, [k.meta(url), k.snap(url), k.log(url), k.conv(url)], [after or "", page]
         )
         meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+        chunks = dict(zip(chunks_flat[::2], chunks_flat[1::2], strict=True))
         log = stream_entries(raw)
         while len(raw) == page:
             raw = await self.redis.xrange(k.log(url), f"({log[-1][0]}", "+", count=page)
             log.extend(stream_entries(raw))
-        return Loaded(meta, parse_meta(meta), snapshot, log)
+        return Loaded(meta, parse_meta(meta), snapshot, log, chunks)
 
     async def read_log(self, url: str, after: str | None = None, count: int = 1000) -> list[Entry]:
         start = f"({after}" if after and after != ZERO else "-"

@@ -17,6 +17,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- InvalidEventError             a field of the wrong type: nothing written
     |   +-- EventDecodeError
     |   |   +-- UnreadableHistoryError
+    |   +-- ConversationChunkError            a snapshot's conversation chunk is missing
     |   +-- CollectionError
     |   |   +-- UnknownCollectionError (AttributeError)
     |   |   +-- RowValidationError (ValueError)
@@ -128,6 +129,17 @@ class EventDecodeError(WakefulError):
         self.url = url
         self.reason = reason
         super().__init__(f"event {stream_id} of {url} could not be decoded: {reason}")
+
+
+class ConversationChunkError(WakefulError):
+    """A snapshot references a conversation chunk that is missing or unreadable, so
+    the state is unknown (the commit that writes a snapshot writes its chunks in the
+    same script, so only a hand-edited or damaged keyspace shows this)."""
+
+    def __init__(self, reason: str, url: str = "") -> None:
+        self.reason = reason
+        self.url = url
+        super().__init__(f"the state of {url} cannot be read: {reason}" if url else reason)
 
 
 class UnreadableHistoryError(EventDecodeError):

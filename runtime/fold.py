@@ -10,10 +10,11 @@ in the worker) because the client, a layer above the worker, needs it too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import EventDecodeError, UnreadableHistoryError
+from .errors import ConversationChunkError, EventDecodeError, UnreadableHistoryError
 from .events import Event, LogRecord, Resumed, decode_entry
 from .state import EntityState
 from .streamids import ZERO, id_gt
@@ -42,11 +43,19 @@ class Rebuilt:
 
 
 def initial_state(
-    collections: dict[str, Any], snapshot: bytes | None, snapshot_out: str
+    collections: dict[str, Any],
+    snapshot: bytes | None,
+    snapshot_out: str,
+    chunks: Mapping[bytes, bytes] | None = None,
+    url: str = "",
 ) -> EntityState:
-    """The state to fold from: the snapshot if there is one, else empty collections."""
+    """The state to fold from: the snapshot (with the conversation chunks it references,
+    read in the same script) if there is one, else empty collections."""
     if snapshot:
-        return EntityState.from_snapshot(snapshot, collections, snapshot_out or ZERO)
+        try:
+            return EntityState.from_snapshot(snapshot, collections, snapshot_out or ZERO, chunks)
+        except ConversationChunkError as exc:
+            raise ConversationChunkError(exc.reason, url) from None
     return EntityState(collections)
 
 

@@ -54,7 +54,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from starlette import responses
@@ -98,6 +98,7 @@ from .errors import (
     PayloadTooLargeError,
     RedisFullError,
     UnknownEntityTypeError,
+    WaitTimeoutError,
     WakefulError,
 )
 from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
@@ -133,6 +134,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidArgsError, 422),
     (InvalidScheduleError, 422),
     (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
+    (WaitTimeoutError, 504),  # a wait (compact or reset with wait) ran out
     (WakefulError, 400),
 ]
 
@@ -171,6 +173,7 @@ def error_response(exc: Exception) -> JSONResponse:
 
 
 RETRY_AFTER_S = 5  # what a refused event stream is told to wait
+CONVERSATION_WAIT_S = 30.0  # how long POST .../compact or .../reset with wait may take
 
 
 class StreamSlots:
@@ -436,6 +439,27 @@ def create_app(
         event_id = await runtime.cancel(url, data.get("reason") or "cancelled over HTTP")
         return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
 
+    def conversation_request(
+        action: Literal["compact", "reset"],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``POST .../compact`` and ``.../reset``: ask the entity's agent to compact or
+        reset its conversation (``rt.compact`` / ``rt.reset_conversation``). With
+        ``{"wait": true}`` the answer says whether it did, once the entity is idle."""
+
+        @endpoint
+        async def request_it(request: Request) -> Response:
+            url, _ = await entity(request, "write")
+            wait = (await body(request)).get("wait", False)
+            if not isinstance(wait, bool):
+                raise HTTPError(400, "BadField", "wait must be true or false")
+            ask = runtime.compact if action == "compact" else runtime.reset_conversation
+            done = await ask(url, wait=wait, timeout=CONVERSATION_WAIT_S)
+            if not wait:
+                return JSONResponse({"url": url, "requested": action}, status_code=202)
+            return JSONResponse({"url": url, "compacted" if action == "compact" else "reset": done})
+
+        return request_it
+
     @endpoint
     async def actions(request: Request) -> Response:
         url, _ = await entity(request, "read")
@@ -551,6 +575,8 @@ def create_app(
             Route(base + "/children", children),
             Route(base + "/events", events),
             Route(base + "/cancel", cancel, methods=["POST"]),
+            Route(base + "/compact", conversation_request("compact"), methods=["POST"]),
+            Route(base + "/reset", conversation_request("reset"), methods=["POST"]),
             Route(base + "/actions", actions),
             Route(base + "/actions/{call}/{verb}", answer, methods=["POST"]),
             Route(base + "/schedules", schedules, methods=["GET", "POST"]),

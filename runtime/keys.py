@@ -11,6 +11,9 @@ key                                         what
 ``<prefix>:{pN}:log:<url>``                 entity log (stream), the source of truth
 ``<prefix>:{pN}:meta:<url>``                entity metadata (hash)
 ``<prefix>:{pN}:snap:<url>``                latest state snapshot (msgpack string)
+``<prefix>:{pN}:conv:<url>``                the conversation's sealed chunks the snapshot
+                                            references: ``<gen>:<k>`` -> msgpack list of
+                                            events (hash; written and dropped with it)
 ``<prefix>:{pN}:actions:<url>``             pending actions: tool call id -> pending |
                                             settled (hash)
 ``<prefix>:{pN}:live:<url>``                live output: text deltas, tool progress
@@ -101,6 +104,10 @@ class Keyspace:
 
     def snap(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:snap:{url}"
+
+    def conv(self, url: str) -> str:
+        """The conversation chunks the entity's snapshot references (see state.Snapshot)."""
+        return f"{self.tag(self.partition(url))}:conv:{url}"
 
     def idem(self, url: str, key: str, identity: dict[str, str] | None = None) -> str:
         """Where an idempotency key is kept: per caller identity, so that one caller

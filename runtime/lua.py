@@ -123,20 +123,24 @@ return {1, id, created_id}
 """
 )
 
-# -> {meta_flat, snapshot|nil, entries}
+# -> {meta_flat, snapshot|nil, entries, conversation chunks (flat hash, {} without a
+#    snapshot)}
 LOAD = """
 local meta = KEYS[1]   -- the entity's metadata hash
 local snap = KEYS[2]   -- the entity's snapshot
 local log = KEYS[3]    -- the entity's log
+local conv = KEYS[4]   -- the conversation chunks the snapshot references
 local after = ARGV[1]  -- read the log after this id ('' = cold start from the snapshot)
 local count = ARGV[2]  -- at most this many entries
 local fields = redis.call('HGETALL', meta)
 local snapshot = false
+local chunks = {}
 local start
 if after == '' then
   local upto = redis.call('HGET', meta, 'snap_upto')
   if upto then
     snapshot = redis.call('GET', snap)
+    chunks = redis.call('HGETALL', conv)
     start = '(' .. upto
   else
     start = '-'
@@ -144,7 +148,7 @@ if after == '' then
 else
   start = '(' .. after
 end
-return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count)}
+return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count), chunks}
 """
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
@@ -164,6 +168,7 @@ local snap = KEYS[5]                  -- the entity's snapshot
 local timers = KEYS[6]                -- the partition's timers: member -> due ms
 local timerdata = KEYS[7]             -- the partition's timers: member -> outbox event
 local actions = KEYS[8]               -- the entity's pending actions
+local conv = KEYS[9]                  -- the conversation chunks of the snapshot
 local token = ARGV[1]                 -- the lease token this commit is fenced by
 local group = ARGV[2]                 -- the inbox consumer group
 local cursor = ARGV[3]                -- new cursor ('' = keep)
@@ -181,6 +186,9 @@ local n_timers = tonumber(ARGV[13])   -- then n_timers triples (member, due ms, 
 local n_actions = tonumber(ARGV[14])  -- then n_actions tool call ids now pending
 local n_closed = tonumber(ARGV[15])   -- then n_closed pairs (tool call id, how its run
                                       -- ended): still pending, they are settled by that
+                                      -- then the snapshot's conversation chunks: a count
+                                      -- of fields to drop and those, a count of chunks
+                                      -- to write and (field, chunk) pairs of those
 local i = 16
 if redis.call('GET', lease) ~= token then return {'FENCED'} end
 if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
@@ -255,6 +263,13 @@ for _ = 1, n_closed do
   i = i + 2
 end
 if snapshot ~= '' then
+  -- The chunks the snapshot seals, and the drop of those no snapshot references any
+  -- more, go with it: a snapshot never points at a chunk that is not there.
+  local n_drop = tonumber(ARGV[i]) or 0
+  if n_drop > 0 then redis.call('HDEL', conv, unpack(ARGV, i + 1, i + n_drop)) end
+  i = i + 1 + n_drop
+  local n_chunks = tonumber(ARGV[i]) or 0
+  if n_chunks > 0 then redis.call('HSET', conv, unpack(ARGV, i + 1, i + 2 * n_chunks)) end
   redis.call('SET', snap, snapshot)
   redis.call('HSET', meta, 'snap_upto', snapshot_seen, 'snap_out', last_out)
 end
@@ -353,6 +368,7 @@ local typeset = KEYS[5]     -- urls of the entity's type in the partition
 local inbox = KEYS[6]       -- the partition inbox (wake pointers)
 local actions = KEYS[7]     -- the entity's pending actions
 local live = KEYS[8]        -- the entity's live output
+local conv = KEYS[9]        -- the conversation chunks of its snapshot
 local token = ARGV[1]       -- the lease token this is fenced by
 local incarnation = ARGV[2] -- meta.created of the entity to delete
 local url = ARGV[3]
@@ -361,7 +377,7 @@ local channel = ARGV[5]     -- the entity's idle channel
 local first_ack = 6         -- then inbox ids to acknowledge
 if redis.call('GET', lease) ~= token then return -1 end
 if redis.call('HGET', meta, 'created') ~= incarnation then return 0 end
-redis.call('DEL', meta, snap, actions, live)
+redis.call('DEL', meta, snap, actions, live, conv)
 -- The log is emptied, not deleted: a stream keeps its last id, so a re-create (SEND
 -- persists the key again) gets a later created id even within the same millisecond, and
 -- the incarnation check keeps refusing the deleted entity's writers. Emptied logs expire.

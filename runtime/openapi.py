@@ -52,6 +52,19 @@ def _op(
 
 
 _TEXT = {"type": "string"}
+_CONVERSATION_BODY = {"type": "object", "properties": {"wait": {"type": "boolean"}}}
+_CONVERSATION_REQUESTS = [
+    (
+        "compact",
+        "Ask the entity's agent to summarise the older turns of its conversation",
+        '{"compacted": bool}',
+    ),
+    (
+        "reset",
+        "Ask the entity's agent to drop every turn before its open run (the log keeps them)",
+        '{"reset": bool}',
+    ),
+]
 _STATUS_JSON = {"description": "status", "content": {"application/json": {"schema": {}}}}
 _ANSWERS: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -286,6 +299,19 @@ OPENAPI: dict[str, Any] = {
                 404,
                 body={"type": "object", "properties": {"reason": {"type": "string"}}},
             )
+        },
+        **{
+            f"/entities/{{type}}/{{id}}/{action}": {
+                "post": {
+                    **_op(summary, body=_CONVERSATION_BODY),
+                    "responses": {
+                        "200": {"description": "done (with wait): " + done},
+                        "202": {"description": "requested (without wait)"},
+                        **{str(c): _ERROR for c in (400, 401, 403, 404, 504)},
+                    },
+                }
+            }
+            for action, summary, done in _CONVERSATION_REQUESTS
         },
         "/entities/{type}/{id}/resume": {
             "post": _op(

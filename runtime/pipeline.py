@@ -170,7 +170,9 @@ class WakePipeline:
         if cached is not None:
             state = cached.state
         else:
-            state = initial_state(entity_type.state, loaded.snapshot, meta.snapshot_out)
+            state = initial_state(
+                entity_type.state, loaded.snapshot, meta.snapshot_out, loaded.chunks, url
+            )
         folded = rebuild(url, state, loaded.entries, meta.cursor)
         check_skipped(folded.handled_undecodable, folded.records)
         return folded
@@ -318,12 +320,12 @@ class WakePipeline:
         """The wake's final commit: its writes, the cursor past its inputs, the acks."""
         ticket, state = wake.ticket, wake.state
         since = wake.since + len(batch.events)
-        snapshot = b""
+        snapshot = None
         # A wake that leaves inputs it read for the next one (wake.remember is False)
         # writes no snapshot: it would cover them, and a cold load would never see them.
         if since >= self.settings.snapshot_every and wake.remember:
-            snapshot = state.snapshot()
-            state.nbytes = len(snapshot)
+            snapshot = state.snapshot_write()
+            state.nbytes = snapshot.nbytes
             since = 0
         fields: dict[str, object] = {}
         if wake.meta.attempts:
@@ -331,6 +333,8 @@ class WakePipeline:
         if handled_partial:
             fields["partial"] = ""  # these inputs are handled now
         self._fault("wake:before-commit")
+        if snapshot is not None:
+            self._fault("snapshot:before-commit")  # with its conversation chunks
         awaited = state.system.awaited_children()
         if awaited != wake.meta.awaited_children:
             fields["waiting"] = awaited
@@ -345,6 +349,9 @@ class WakePipeline:
             snapshot_seen=wake.pos,
             snapshot_out=state.applied,
         )
+        if snapshot is not None:
+            state.written(snapshot)  # its chunks are in Redis now
+            self._fault("snapshot:after-commit")
         _note_applied(state, batch.events, ids)
         self._fault("wake:after-commit")
         if wake.remember:
@@ -353,7 +360,7 @@ class WakePipeline:
             self.cache.forget(ticket.url)
         self._done(ticket)
         await self.delivery.after_commit(ticket, batch, ids)
-        if snapshot:  # the log before it may go now (what no guarantee needs)
+        if snapshot is not None:  # the log before it may go now (what no guarantee needs)
             await self.retention.after_snapshot(ticket)
 
     # -- deletion --------------------------------------------------------------

@@ -17,13 +17,15 @@ through ``rt.approve`` and the rest, see ``actions.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
 from .errors import (
     CollectionError,
+    ConversationChunkError,
     DuplicateKeyError,
     MissingKeyError,
     RowValidationError,
@@ -117,6 +119,9 @@ class SystemState(msgspec.Struct, kw_only=True):
     settled: dict[str, ActionSettled] = {}  # answers not yet taken by the run
     answered: dict[str, ActionRequested] = {}  # the requests those answers settled
     conversation_upto: str = ""  # the last conversation_requested input answered
+    # Compactions folded so far: the generation of ``history``'s chunk sequence in the
+    # snapshot's conversation store (a compaction starts a new one; see Snapshot).
+    conv_gen: int = 0
 
     def apply(self, event: object) -> None:
         if isinstance(event, Subscribed):
@@ -154,6 +159,7 @@ class SystemState(msgspec.Struct, kw_only=True):
         elif isinstance(event, ConversationCompacted):
             # An output, folded exactly once (EntityState.fold), so a count is safe here.
             self.history = [event, *self.history[event.replaced :]]
+            self.conv_gen += 1
             if event.request:
                 self.conversation_upto = event.request
         elif isinstance(event, ActionRequested):
@@ -187,12 +193,64 @@ class SystemState(msgspec.Struct, kw_only=True):
         return sum(1 for child in self.children.values() if child.awaited)
 
 
+CHUNK_EVENTS = 64
+"""Events of the conversation per sealed chunk (see :class:`Snapshot`)."""
+
+
+class ConversationRef(msgspec.Struct, kw_only=True, frozen=True):
+    """The sealed part of the conversation: chunks ``<gen>:0`` .. ``<gen>:<chunks-1>``
+    of the entity's conversation hash (``keys.conv``) hold, in order, the first
+    ``events`` events of ``SystemState.history``."""
+
+    gen: int = 0
+    chunks: int = 0
+    events: int = 0
+
+
+def chunk_field(gen: int, index: int) -> str:
+    """The conversation hash's field of chunk ``index`` of generation ``gen``."""
+    return f"{gen}:{index}"
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
-    """Materialised state; the log position it covers is ``snap_upto`` in the metadata."""
+    """Materialised state; the log position it covers is ``snap_upto`` in the metadata.
+
+    ``v=1``: the whole conversation is inline in ``system.history`` (every snapshot
+    of an entity without a sealed chunk, and every snapshot written before chunks).
+    ``v=2``: ``conv`` names the sealed chunks, and ``system.history`` holds only the
+    open tail after them; the chunks were written by the commit that wrote the
+    snapshot that first referenced them (or an earlier one), in the same script."""
 
     v: int = 1
     rows: dict[str, dict[Any, msgspec.Raw]]
     system: SystemState = msgspec.field(default_factory=SystemState)
+    conv: ConversationRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWrite:
+    """What one snapshot writes: the snapshot itself, the conversation chunks it seals
+    (``field -> bytes``, new ones only) and the fields of chunks no snapshot will
+    reference once it is written (an older generation's, after a compaction)."""
+
+    data: bytes
+    chunks: list[tuple[str, bytes]]
+    drop: list[str]
+    ref: ConversationRef  # the sealed part once written
+    stored_bytes: int  # bytes of every chunk it references
+
+    @property
+    def nbytes(self) -> int:
+        """The state's size as stored: the snapshot plus the chunks it references."""
+        return len(self.data) + self.stored_bytes
+
+    @property
+    def written(self) -> int:
+        """Bytes this write sends: the snapshot and the new chunks."""
+        return len(self.data) + sum(len(data) for _, data in self.chunks)
+
+
+_chunk_decoder = msgspec.msgpack.Decoder(list[HistoryEvent])
 
 
 class EntityState:
@@ -204,7 +262,7 @@ class EntityState:
     at or before ``applied``; everything else read is new and is folded.
     """
 
-    __slots__ = ("applied", "derived", "nbytes", "rows", "system")
+    __slots__ = ("applied", "derived", "nbytes", "rows", "stored", "stored_bytes", "system")
 
     def __init__(self, collections: dict[str, Collection[Any]] | None = None) -> None:
         self.rows: dict[str, dict[Any, bytes]] = {name: {} for name in (collections or {})}
@@ -216,6 +274,10 @@ class EntityState:
         # About how many bytes it holds: its snapshot's plus those of the events folded
         # since (an over-estimate once a compaction drops some); bounds the warm cache.
         self.nbytes = 0
+        # The conversation chunks in Redis as the last snapshot written or read left
+        # them (what the next snapshot need not write again), and their bytes.
+        self.stored = ConversationRef()
+        self.stored_bytes = 0
 
     def fold(self, entry_id: str, event: object, size: int = 0) -> None:
         """Apply one log entry read after the last read position, exactly once
@@ -248,16 +310,63 @@ class EntityState:
             self.system.apply(event)
 
     def snapshot(self) -> bytes:
-        rows = {
+        """A self-contained snapshot: the whole conversation inline (``v=1``), as before
+        chunks; the worker writes :meth:`snapshot_write` instead."""
+        return _encoder.encode(Snapshot(rows=self._raw_rows(), system=self.system))
+
+    def _raw_rows(self) -> dict[str, dict[Any, msgspec.Raw]]:
+        return {
             name: {key: msgspec.Raw(data) for key, data in table.items()}
             for name, table in self.rows.items()
         }
-        return _encoder.encode(Snapshot(rows=rows, system=self.system))
+
+    def snapshot_write(self) -> SnapshotWrite:
+        """The snapshot to write now, and the conversation chunks to write and drop with it.
+
+        The conversation is stored in chunks of :data:`CHUNK_EVENTS` events, each
+        written once, by the snapshot that seals it; the snapshot holds only their
+        reference and the open tail, so its size does not grow with the conversation.
+        A compaction (a new ``conv_gen``) starts a new sequence: the old chunks are
+        dropped by the same write."""
+        history, gen, stored = self.system.history, self.system.conv_gen, self.stored
+        drop: list[str] = []
+        stored_bytes = self.stored_bytes
+        if stored.gen != gen or stored.events > len(history):
+            # A new sequence (the second case cannot happen: the history only shrinks
+            # by a compaction; rewriting is the safe answer should it ever).
+            drop = [chunk_field(stored.gen, k) for k in range(stored.chunks)]
+            stored, stored_bytes = ConversationRef(gen=gen), 0
+        chunks: list[tuple[str, bytes]] = []
+        events, index = stored.events, stored.chunks
+        while len(history) - events >= CHUNK_EVENTS:
+            data = _encoder.encode(history[events : events + CHUNK_EVENTS])
+            chunks.append((chunk_field(gen, index), data))
+            stored_bytes += len(data)
+            events += CHUNK_EVENTS
+            index += 1
+        ref = ConversationRef(gen=gen, chunks=index, events=events)
+        rows = self._raw_rows()
+        if index:
+            system = msgspec.structs.replace(self.system, history=history[events:])
+            snap = Snapshot(v=2, rows=rows, system=system, conv=ref)
+        else:
+            snap = Snapshot(rows=rows, system=self.system)
+        return SnapshotWrite(_encoder.encode(snap), chunks, drop, ref, stored_bytes)
+
+    def written(self, write: SnapshotWrite) -> None:
+        """``write`` was committed: its chunks are what Redis holds now."""
+        self.stored, self.stored_bytes = write.ref, write.stored_bytes
 
     @classmethod
     def from_snapshot(
-        cls, data: bytes, collections: dict[str, Collection[Any]], applied: str = ZERO
+        cls,
+        data: bytes,
+        collections: dict[str, Collection[Any]],
+        applied: str = ZERO,
+        chunks: Mapping[bytes, bytes] | None = None,
     ) -> EntityState:
+        """The state of a snapshot; ``chunks`` are the fields of the entity's
+        conversation hash (read with the snapshot, in one script)."""
         snap = msgspec.msgpack.decode(data, type=Snapshot)
         state = cls(collections)
         for name, table in snap.rows.items():
@@ -265,6 +374,11 @@ class EntityState:
         state.system = snap.system
         state.applied = applied
         state.nbytes = len(data)
+        if snap.conv is not None and snap.conv.chunks:
+            sealed, stored_bytes = _read_chunks(snap.conv, chunks or {})
+            snap.system.history = sealed + snap.system.history
+            state.stored, state.stored_bytes = snap.conv, stored_bytes
+            state.nbytes += stored_bytes
         return state
 
     def to_builtins(self) -> dict[str, list[Any]]:
@@ -272,6 +386,34 @@ class EntityState:
             name: [_any_decoder.decode(data) for data in table.values()]
             for name, table in self.rows.items()
         }
+
+
+def _read_chunks(
+    ref: ConversationRef, chunks: Mapping[bytes, bytes]
+) -> tuple[list[HistoryEvent], int]:
+    """The sealed events ``ref`` names, from the conversation hash's ``chunks``, and
+    their bytes; a missing or unreadable chunk raises :class:`ConversationChunkError`."""
+    events: list[HistoryEvent] = []
+    nbytes = 0
+    for index in range(ref.chunks):
+        name = chunk_field(ref.gen, index)
+        data = chunks.get(name.encode())
+        if data is None:
+            raise ConversationChunkError(
+                f"its snapshot references conversation chunk {name}, which is missing"
+            )
+        try:
+            events.extend(_chunk_decoder.decode(data))
+        except msgspec.DecodeError as exc:
+            raise ConversationChunkError(
+                f"its conversation chunk {name} cannot be decoded: {exc}"
+            ) from exc
+        nbytes += len(data)
+    if len(events) != ref.events:
+        raise ConversationChunkError(
+            f"its conversation chunks hold {len(events)} events, the snapshot says {ref.events}"
+        )
+    return events, nbytes
 
 
 class CollectionView(Generic[RowT]):

@@ -363,6 +363,8 @@ class Store(EntityReads, ScheduleStore):
         timers: Sequence[tuple[str, int, bytes]] = (),
         actions: Sequence[str] = (),
         closed_actions: Sequence[tuple[str, str]] = (),
+        chunks: Sequence[tuple[str, bytes]] = (),
+        drop_chunks: Sequence[str] = (),
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -370,7 +372,10 @@ class Store(EntityReads, ScheduleStore):
         input, ``"o"`` outbox. A snapshot holds every event up to
         ``snapshot_seen`` (the last entry the wake read) and every output up to
         the last output this commit appends (or ``snapshot_out`` if it appends
-        none); see ``state.fold``. Raises :class:`FencedError` if ``token`` no longer
+        none); see ``state.fold``. With a snapshot, ``chunks`` (field, bytes) are the
+        conversation chunks it seals and ``drop_chunks`` those it no longer references,
+        written in the same script (see ``state.Snapshot``). Raises
+        :class:`FencedError` if ``token`` no longer
         holds the partition lease, :class:`EntityGoneError` if the entity's
         incarnation changed.
         """
@@ -388,6 +393,7 @@ class Store(EntityReads, ScheduleStore):
                 k.timers(p),
                 k.timerdata(p),
                 k.actions(url),
+                k.conv(url),
             ],
             [
                 token,
@@ -411,6 +417,11 @@ class Store(EntityReads, ScheduleStore):
                 *(x for timer in timers for x in timer),
                 *actions,
                 *(x for pair in closed_actions for x in pair),
+                # the snapshot's conversation chunks (read only with a snapshot)
+                len(drop_chunks),
+                *drop_chunks,
+                len(chunks),
+                *(x for pair in chunks for x in pair),
             ],
         )
         status = as_str(reply[0])
@@ -434,8 +445,9 @@ class Store(EntityReads, ScheduleStore):
         )
 
     async def delete(self, url: str, token: str, created: str, acks: list[str]) -> bool:
-        """Fenced: delete the entity's metadata, snapshot, pending actions and live output,
-        and empty its log (which expires; see the DELETE script)."""
+        """Fenced: delete the entity's metadata, snapshot (and its conversation chunks),
+        pending actions and live output, and empty its log (which expires; see the
+        DELETE script)."""
         k = self.keys
         p = k.partition(url)
         type_name = url.split("/")[1]
@@ -450,6 +462,7 @@ class Store(EntityReads, ScheduleStore):
                 k.inbox(p),
                 k.actions(url),
                 k.live(url),
+                k.conv(url),
             ],
             [token, created, url, GROUP, k.idle_channel(url), *acks],
         )

@@ -17,6 +17,7 @@ from typing import Any
 from . import metrics
 from .activation import CommitBatch
 from .cancellation import CancelSignal
+from .state import SnapshotWrite
 from .store import Store
 
 _NOTHING = CommitBatch()
@@ -72,15 +73,16 @@ async def commit(
     ack: bool = False,
     cursor: str = "",
     fields: dict[str, Any] | None = None,
-    snapshot: bytes = b"",
+    snapshot: SnapshotWrite | None = None,
     snapshot_seen: str = "",
     snapshot_out: str = "",
 ) -> list[str]:
     """Commit ``batch`` (events, timers, actions) for ``ticket``, fenced by its lease.
 
     ``ack`` acknowledges the ticket's wake pointers; ``cursor`` moves the cursor
-    past the inputs handled; ``fields`` set metadata. Returns the ids of the
-    appended events, in order."""
+    past the inputs handled; ``fields`` set metadata; ``snapshot`` writes a snapshot
+    with the conversation chunks it seals (and drops those it no longer references).
+    Returns the ids of the appended events, in order."""
     with metrics.commit():
         return await store.commit(
             ticket.url,
@@ -90,7 +92,9 @@ async def commit(
             acks=ticket.pointer_ids if ack else [],
             fields=fields,
             created=ticket.created,
-            snapshot=snapshot,
+            snapshot=snapshot.data if snapshot is not None else b"",
+            chunks=snapshot.chunks if snapshot is not None else (),
+            drop_chunks=snapshot.drop if snapshot is not None else (),
             snapshot_seen=snapshot_seen,
             snapshot_out=snapshot_out,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],

@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -68,14 +69,12 @@ from benchlib import (
     add_gc_freeze_argument,
     add_profiling_arguments,
     add_redis_argument,
-    background_load,
     code_version,
     counting_redis,
     delete_prefix,
     describe_machine,
     emit,
     fmt,
-    machine_info,
     percentiles,
     print_profile,
     raw_consume,
@@ -206,7 +205,7 @@ def respond(request: ModelRequest) -> ModelResponse:
 
 
 class TimedModel(ScriptedModel):
-    """ScriptedModel, timing its own calls (it deep-copies every request it records)."""
+    """ScriptedModel, timing its own calls."""
 
     def __init__(self, script: Any) -> None:
         super().__init__(script)
@@ -538,117 +537,233 @@ async def main_async(args: argparse.Namespace) -> int:
 SWEEP_TARGET = 2.0  # at the longest conversation, at most this many times the shortest's
 
 
-def sweep_app(timings: list[tuple[float, float, int]]) -> Registry:
+def sweep_app(timings: dict[str, list[tuple[float, float, int]]]) -> Registry:
     """An agent whose runs call ``echo`` once, then answer; each run appends
-    ``(run wall s, model s, steps)`` to ``timings``."""
+    ``(run wall s, model s, steps)`` to ``timings[its url]``. The model's time is all
+    of ``ScriptedModel.complete`` (its usage estimate included: that is the fake
+    model's own work). Each conversation has its model, as a long-lived agent would:
+    the estimate measures only what a request adds to the last one of that model."""
     reg = Registry()
-    model_s = [0.0]
+
+    calls = itertools.count(1)
 
     def step(request: ModelRequest) -> ModelResponse:
-        started = time.perf_counter()
         last = request.messages[-1]["content"]
         if any(block.get("type") == "tool_result" for block in last):
-            response = ScriptedModel.text("Done: the tool echoed it.")
-        else:
-            response = ScriptedModel.tool_calls(("echo", {"text": "ping"}))
-        model_s[0] += time.perf_counter() - started
-        return response
+            return ScriptedModel.text("Done: the tool echoed it.")
+        # Unique ids: ScriptedModel numbers calls by the requests it keeps, cleared below.
+        call = {"type": "tool_use", "id": f"toolu_{next(calls)}", "name": "echo"}
+        return ModelResponse(content=[{**call, "input": {"text": "ping"}}], stop_reason="tool_use")
 
-    model = ScriptedModel(step, name="sweep")
+    models: dict[str, TimedModel] = {}
 
     @reg.entity("agent")
     async def agent(ctx: HandlerContext) -> None:
-        ctx.use_agent(
-            system_prompt="You echo.",
-            model=model,
-            tools=[ECHO],
-        )
-        before, started = model_s[0], time.perf_counter()
+        model = models.setdefault(ctx.entity_url, TimedModel(step))
+        ctx.use_agent(system_prompt="You echo.", model=model, tools=[ECHO])
+        before, started = model.seconds, time.perf_counter()
         result = await ctx.agent.run()
-        timings.append((time.perf_counter() - started, model_s[0] - before, result.steps))
+        timing = (time.perf_counter() - started, model.seconds - before, result.steps)
+        timings.setdefault(ctx.entity_url, []).append(timing)
+        model.requests.clear()  # it records every request: not needed here
 
     return reg
 
 
+class SnapshotWrites:
+    """What the commits of the swept entity wrote: every commit, and of the commits that
+    wrote a snapshot, the snapshot's bytes and its new conversation chunks' bytes (a
+    wrapper of ``Store.commit``, installed for the sweep)."""
+
+    def __init__(self) -> None:
+        self.commits: dict[str, int] = {}
+        self.snapshots: dict[str, list[tuple[int, int]]] = {}  # (snapshot, new chunks) bytes
+        self._original = Store.commit
+
+    def install(self) -> None:
+        original, writes = self._original, self
+
+        async def commit(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
+            ids = await original(store, url, token, **kwargs)
+            writes.commits[url] = writes.commits.get(url, 0) + 1
+            if kwargs.get("snapshot"):
+                chunks = sum(len(data) for _, data in kwargs.get("chunks", ()))
+                writes.snapshots.setdefault(url, []).append((len(kwargs["snapshot"]), chunks))
+            return ids
+
+        Store.commit = commit  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        Store.commit = self._original  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.commits, self.snapshots = {}, {}
+
+
+async def stored_bytes(rt: Runtime, url: str) -> tuple[int, int]:
+    """(the snapshot's bytes, its conversation chunks' bytes) as stored in Redis now."""
+    assert rt.store is not None
+    keys = rt.store.keys
+    snapshot = await rt.store.redis.strlen(keys.snap(url))
+    chunks = await rt.store.redis.hvals(keys.conv(url))
+    return int(snapshot), sum(len(c) for c in chunks)
+
+
+def inline_snapshot_bytes(state: Any) -> int:
+    """The snapshot's bytes with the whole conversation inline (as before chunks)."""
+    return len(state.snapshot())
+
+
 async def sweep_main(args: argparse.Namespace) -> int:
-    """ms per step (the runtime's: the model's own time taken out) and snapshot bytes
-    after 10, 100 and 1,000 prior turns of one tool call each, on the embedded runtime."""
-    machine = machine_info({})
+    """ms per step (the runtime's: the model's own time taken out) and what snapshots
+    write after 10, 100 and 1,000 prior turns of one tool call each, next to the raw
+    redis-py consume loop in the same run."""
+    r = Redis.from_url(args.redis, decode_responses=False)
+    machine = await describe_machine(r)
+    machine["code"] = code_version()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(
-        f"machine: {machine['platform']} | {machine['cpu']} | {machine['cores']} cores | "
-        f"Python {machine['python']} | msgspec {machine['msgspec']} | load average "
-        + (" ".join(f"{x:.2f}" for x in load) if load else "?")
-    )
-    busy = await background_load()
-    if busy is not None:
-        print(f"CPU busy before the run (other processes): {busy:.0%}")
+    machine["load_average"] = list(load) if load else None
+    print("load average: " + (" ".join(f"{x:.2f}" for x in load) if load else "?"))
     checkpoints = [10, 30, 100] if args.quick else [10, 100, 1000]
     measured = args.sweep_runs
     print(
-        f"sweep: one conversation, runs of 2 model steps + 1 tool call; {measured} runs "
-        f"measured after {', '.join(f'{n:,}' for n in checkpoints)} prior turns; embedded "
-        f"runtime at {code_version()}; target: at {checkpoints[-1]:,} turns at most "
-        f"{SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
+        f"sweep: one conversation per point, runs of 2 model steps + 1 tool call; "
+        f"{measured} runs of each measured, in turn, after "
+        f"{', '.join(f'{n:,}' for n in checkpoints)} prior turns; worker "
+        f"and client in this process on the Redis above, a snapshot every "
+        f"{args.snapshot_every} log entries; runtime at {machine['code']}; target: at "
+        f"{checkpoints[-1]:,} turns at most {SWEEP_TARGET:g}x the cost at {checkpoints[0]:,}",
         flush=True,
     )
-    timings: list[tuple[float, float, int]] = []
-    rt = Runtime(sweep_app(timings), settings=Settings())
-    await rt.start()
-    url = "/agent/sweep"
+    base = unique_prefix("wksweep")
+    timings: dict[str, list[tuple[float, float, int]]] = {}
+    writes = SnapshotWrites()
     rows: list[dict[str, Any]] = []
-    turns = 0
+    urls = {checkpoint: f"/agent/sweep{checkpoint}" for checkpoint in checkpoints}
     try:
-        for checkpoint in checkpoints:
-            while turns < checkpoint:
-                await rt.ask(url, f"turn {turns}", timeout=120)
-                turns += 1
-            if args.gc_freeze:  # as a long-running worker does once started (see --no-gc-freeze)
+        raw = await run_raw_throughput(
+            __file__,
+            r,
+            args.redis,
+            f"{base}-r",
+            partitions=args.partitions,
+            entities=1000,
+            messages=args.raw_messages,
+        )
+        raw_ms = 1000 / raw["msgs_per_s"]
+        print(
+            f"  raw redis-py consume loop: {fmt(raw['msgs_per_s'])} msgs/s, {raw_ms:.3f} ms and "
+            f"{raw['cpu_us_per_msg']:.1f} CPU us per message",
+            flush=True,
+        )
+        settings = Settings.from_env(
+            redis_url=args.redis,
+            prefix=f"{base}-w",
+            partitions=args.partitions,
+            snapshot_every=args.snapshot_every,
+        )
+        rt = Runtime(sweep_app(timings), settings=settings, run_worker=True)
+        await rt.start()
+        writes.install()
+        try:
+            # One conversation per point, grown to its length first; then the measured
+            # runs go round the conversations, so that the load of the machine (shared,
+            # changing) weighs on every point alike.
+            for checkpoint, url in urls.items():
+                for turn in range(checkpoint):
+                    await rt.ask(url, f"turn {turn}", timeout=120)
+                print(f"  {url}: {checkpoint:,} turns", flush=True)
+            if args.gc_freeze:  # as a long-running worker does (see --no-gc-freeze)
                 gc.collect()
                 gc.freeze()
-            del timings[:]
-            for _ in range(measured):
-                await rt.ask(url, f"turn {turns}", timeout=120)
-                turns += 1
-            per_step = [(run - model) / steps for run, model, steps in timings if steps]
-            state = await rt._folded(url)
-            rows.append(
-                {
-                    "turns": checkpoint,
-                    "ms_per_step": statistics.median(per_step) * 1000,
-                    "snapshot_bytes": len(state.snapshot()),
-                }
-            )
-            row = rows[-1]
-            print(
-                f"  {checkpoint:>6,} prior turns: {row['ms_per_step']:7.2f} ms per step "
-                f"(median of {len(per_step)} runs), snapshot {row['snapshot_bytes']:>10,} bytes",
-                flush=True,
-            )
+            timings.clear()
+            writes.reset()
+            # The profiler (--profile-worker) covers every point alike, since it slows
+            # what it profiles; its figures are per point in the callers of the handler.
+            profiler = cProfile.Profile() if args.profile_worker else None
+            if profiler is not None:
+                profiler.enable()
+            for n in range(measured):
+                for url in urls.values():
+                    await rt.ask(url, f"measured turn {n}", timeout=120)
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.profile_worker)
+            for checkpoint, url in urls.items():
+                per_step = [(run - model) / steps for run, model, steps in timings[url] if steps]
+                snapshot, chunks = await stored_bytes(rt, url)
+                state = await rt._folded(url)
+                snaps = writes.snapshots.get(url, [])
+                written = [snap + new for snap, new in snaps]
+                commits = writes.commits.get(url, 0)
+                rows.append(
+                    {
+                        "turns": checkpoint,
+                        "events": len(state.system.history),
+                        "ms_per_step": statistics.median(per_step) * 1000,
+                        "commits": commits,
+                        "snapshot_commits": len(snaps),
+                        # per snapshot-writing commit: the snapshot, and with its chunks
+                        "snapshot_bytes": statistics.fmean(s for s, _ in snaps) if snaps else 0,
+                        "written_per_snapshot": statistics.fmean(written) if written else 0,
+                        # spread over every commit of the measured runs
+                        "written_per_commit": sum(written) / max(1, commits),
+                        "stored_snapshot": snapshot,
+                        "stored_chunks": chunks,
+                        "inline_snapshot": inline_snapshot_bytes(state),
+                    }
+                )
+                row = rows[-1]
+                print(
+                    f"  {checkpoint:>6,} prior turns ({row['events']:,} events after): "
+                    f"{row['ms_per_step']:7.2f} ms per step (median of {len(per_step)} runs, "
+                    f"{row['ms_per_step'] / raw_ms:5.1f}x a raw message); "
+                    f"{row['snapshot_commits']} snapshots in {row['commits']} commits, each "
+                    f"{fmt(row['snapshot_bytes'])} B + "
+                    f"{fmt(row['written_per_snapshot'] - row['snapshot_bytes'])} B of new chunks "
+                    f"({fmt(row['written_per_commit'])} B per commit); stored: snapshot "
+                    f"{fmt(snapshot)} B + chunks {fmt(chunks)} B (inline it would be "
+                    f"{fmt(row['inline_snapshot'])} B)",
+                    flush=True,
+                )
+        finally:
+            writes.uninstall()
+            await rt.close()
     finally:
-        await rt.close()
+        for side in "rw":
+            await delete_prefix(r, f"{base}-{side}")
+        await r.aclose()
     first, last = rows[0], rows[-1]
     ratio = last["ms_per_step"] / first["ms_per_step"]
-    snap_ratio = last["snapshot_bytes"] / first["snapshot_bytes"]
     verdict = "PASS" if ratio <= SWEEP_TARGET else "MISS"
-    snap_verdict = "PASS" if snap_ratio <= SWEEP_TARGET else "MISS"
+    # Snapshot bytes written per snapshot-writing commit; without a snapshot in the first
+    # window there is nothing to compare.
+    snap_ratio = (
+        last["written_per_snapshot"] / first["written_per_snapshot"]
+        if first["written_per_snapshot"] and last["written_per_snapshot"]
+        else None
+    )
+    snap_verdict = "?" if snap_ratio is None else "PASS" if snap_ratio <= SWEEP_TARGET else "MISS"
     print(
         f"ms per step at {last['turns']:,} turns: {ratio:.2f}x the cost at {first['turns']:,} "
         f"(target <= {SWEEP_TARGET:g}x): {verdict}"
     )
     print(
-        f"snapshot bytes at {last['turns']:,} turns: {snap_ratio:.1f}x those at "
-        f"{first['turns']:,} (target <= {SWEEP_TARGET:g}x): {snap_verdict}"
+        f"bytes a snapshot writes at {last['turns']:,} turns: "
+        + (f"{snap_ratio:.2f}x" if snap_ratio is not None else "?")
+        + f" those at {first['turns']:,} (target <= {SWEEP_TARGET:g}x): {snap_verdict}"
     )
     emit(
         machine=machine,
-        busy_before=busy,
+        raw=raw,
         sweep=rows,
         ratio=ratio,
         snapshot_ratio=snap_ratio,
         verdict=verdict,
         snapshot_verdict=snap_verdict,
     )
+    if args.profile_worker:
+        print_profile(args.profile_worker, 50)
     return 0
 
 
@@ -684,9 +799,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sweep",
         action="store_true",
         help="only the sweep: ms per step and snapshot bytes after 10, 100 and 1,000 prior "
-        "turns (30 and 100 with --quick), on the embedded runtime (no Redis needed)",
+        "turns (30 and 100 with --quick), worker and client in this process "
+        "(--profile-worker FILE profiles the measured runs)",
     )
     parser.add_argument("--sweep-runs", type=int, default=20, help="runs measured per point")
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=50,
+        help="sweep: a snapshot every this many log entries (so each point writes some)",
+    )
     # internal: the consumer processes
     parser.add_argument(
         "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS
