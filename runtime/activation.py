@@ -189,6 +189,8 @@ class Activation:
         usage: dict[str, int] | None = None,
         steps: int = 0,
         tool_calls: int = 0,
+        output: Any = None,
+        output_type: str | None = None,
     ) -> str:
         run_id = self.record_run()
         # A run that ends (cancelled, failed) while calls wait for answers settles them:
@@ -214,6 +216,8 @@ class Activation:
                 steps=steps,
                 tool_calls=tool_calls,
                 at_ms=int(time.time() * 1000),
+                output=output,
+                output_type=output_type,
             )
         )
         return run_id
@@ -304,6 +308,8 @@ class Activation:
             status=run.status,
             response=run.response if spec.include_response else None,
             error=run.error,
+            output=run.output if spec.include_response else None,
+            output_type=run.output_type,
         )
         return Effect(
             kind="notify",

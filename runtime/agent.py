@@ -28,6 +28,7 @@ sits below the context and never imports it.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ import msgspec
 
 from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
+from .agent_options import RequestOptions, check_agent_options
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
 from .compaction import ContextKeeper, Mode
 from .context_window import ContextPolicy, is_prompt_too_long
@@ -51,6 +53,7 @@ from .events import (
 from .history import render_input, tool_uses
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
 from .streamids import id_gt
+from .structured_output import FINAL_TOOL, OutputContract
 
 __all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
     "Agent",
@@ -77,6 +80,9 @@ class RunResult:
     steps: int = 0
     tool_calls: int = 0
     stop_reason: str | None = None
+    # With output_type: the validated answer (an instance of it) and the type's name.
+    output: Any = None
+    output_type: str | None = None
 
 
 class Agent(ToolCalls):
@@ -97,7 +103,11 @@ class Agent(ToolCalls):
         context_strategy: str = "compact",
         context_budget: float = 0.8,
         keep_turns: int = 2,
+        output_type: type | None = None,
+        output_retries: int = 2,
+        **request_options: Any,
     ) -> None:
+        """``request_options`` are the Messages API options (agent_options.py)."""
         self.wake = wake
         self.system_prompt = system_prompt
         self.model = resolve_model(model)
@@ -117,6 +127,16 @@ class Agent(ToolCalls):
         self.tools: dict[str, AgentTool] = {}
         for tool in tools or []:
             self.add_tool(tool)
+        check_agent_options(request_options, "Agent")
+        self.request_options = RequestOptions.build(request_options)
+        self.output = None if output_type is None else OutputContract(output_type, output_retries)
+        if self.output is not None:
+            if FINAL_TOOL in self.tools:
+                raise ToolContractError(
+                    f"a tool is named {FINAL_TOOL!r}, the name of the tool that takes the "
+                    "structured answer (output_type); rename it"
+                )
+            self.add_tool(self.output.tool())
         self.max_steps = max_steps
         self.max_run_tokens = max_run_tokens
         self.max_output_tokens = max_output_tokens
@@ -272,6 +292,17 @@ class Agent(ToolCalls):
             if last is not None and not self._settled(last, run_id):
                 await self._run_tools(run_id, last, history)
                 continue
+            if self.output is not None:
+                decision = self.output.decide(history)
+                if decision is not None and decision.kind == "accepted":
+                    return await self._finish(run_id, "completed", output=decision.output)
+                if decision is not None and decision.kind == "exhausted":
+                    return await self._finish(run_id, "failed", error=decision.error)
+                if decision is not None:  # the turn ended in text: ask for the tool
+                    await self._journal(
+                        UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
+                    )
+                    continue
             if isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content):
                 return await self._finish(run_id, "completed")
             if len(steps) >= self.max_steps:
@@ -310,6 +341,10 @@ class Agent(ToolCalls):
     @metrics.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         tools = [tool.spec() for tool in self.tools.values() if await tool.is_enabled()]
+        tools += self.request_options.server_tools
+        options = self.request_options.request_fields(self.caller()[0])
+        if self.output is not None:
+            options = self.output.request_fields(options, self.request_options.thinks())
 
         def request() -> ModelRequest:
             return ModelRequest(
@@ -318,6 +353,7 @@ class Agent(ToolCalls):
                 messages=self.context.messages(self._system.history),
                 tools=tools,
                 max_tokens=self.max_output_tokens,
+                **options,
             )
 
         live = self.wake.live
@@ -444,7 +480,9 @@ class Agent(ToolCalls):
         status: Literal["completed", "failed", "cancelled"],
         *,
         error: str | None = None,
+        output: Any = None,
     ) -> RunResult:
+        """End the run; ``output`` (JSON builtins) is its structured answer, if any."""
         run_events = self._run_history(run_id)
         if status == "failed" and run_events and isinstance(run_events[-1], UserTurn):
             # No answer to close the turn: a note does, so the next message is its own turn.
@@ -456,6 +494,11 @@ class Agent(ToolCalls):
         if last is not None:
             response = "".join(b.get("text", "") for b in last.content if b.get("type") == "text")
         calls = sum(len(tool_uses(s.content)) for s in journaled)
+        output_type = (
+            self.output.name if self.output is not None and status == "completed" else None
+        )
+        if output_type is not None:
+            response = json.dumps(output, ensure_ascii=False)
         self.wake.activation.finish_run(
             status,
             response=response if status == "completed" else None,
@@ -463,6 +506,8 @@ class Agent(ToolCalls):
             usage=msgspec.structs.asdict(usage),
             steps=steps,
             tool_calls=calls,
+            output=output,
+            output_type=output_type,
         )
         async with self._commit_lock:
             await self.wake.flush()
@@ -475,6 +520,8 @@ class Agent(ToolCalls):
             steps=steps,
             tool_calls=calls,
             stop_reason=last.stop_reason if last is not None else None,
+            output=self.output.value(output) if output_type and self.output else None,
+            output_type=output_type,
         )
 
     async def _stopped(self, run_id: str) -> RunResult:

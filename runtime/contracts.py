@@ -36,7 +36,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
-from .agent_options import check_agent_options
+from .agent_options import check_agent_options, check_combination
 from .agent_tools import Content, RuntimeErrorInfo, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
@@ -360,10 +360,12 @@ def define_agent(
     """Define an agent; use it from a handler with ``ctx.use_agent(agent)``.
 
     ``options`` are the loop's (``max_steps``, ``max_run_tokens``,
-    ``max_output_tokens``, ``tool_concurrency``): an unknown or mistyped one is a
-    :class:`ToolContractError` here."""
+    ``max_output_tokens``, ``tool_concurrency``, the context and request options,
+    ``output_type``; see agent_options.py): an unknown or mistyped one, or one the
+    others (or the tools) rule out, is a :class:`ToolContractError` here."""
     where = f"define_agent({name!r})"
     check_agent_options(options, where)
+    check_combination(options, where, set(tools or {}) if isinstance(tools, Mapping) else None)
     agent = AgentDef(
         name=name,
         instructions=instructions,

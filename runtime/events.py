@@ -90,6 +90,9 @@ class ChildRunFinished(Event, tag="child_run_finished"):
     status: Literal["completed", "failed", "cancelled"]
     response: str | None = None
     error: str | None = None
+    # A structured answer (output_type): JSON builtins, and the name of its type.
+    output: Any = None
+    output_type: str | None = None
 
 
 class Changed(Event, tag="changed"):
@@ -259,6 +262,9 @@ class RunFinished(Event, tag="run_finished"):
     steps: int = 0
     tool_calls: int = 0
     at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
+    # A structured answer (output_type): JSON builtins, and the name of its type.
+    output: Any = None
+    output_type: str | None = None
 
 
 # --- the agent loop's journal (outputs; they make up the conversation) -------
