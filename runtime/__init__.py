@@ -91,7 +91,7 @@ from .events import (
     UserTurn,
 )
 from .live import LiveEvent, LiveRecord
-from .models import AnthropicModel, Model, ScriptedModel
+from .models import AnthropicModel, Model, ModelRequest, ModelResponse, ScriptedModel, Usage
 from .registry import EntityType, Registry
 from .retention import JsonlExporter
 from .schedules import CronSchedule
@@ -162,6 +162,8 @@ __all__ = [
     "Model",
     "ModelConfigError",
     "ModelError",
+    "ModelRequest",
+    "ModelResponse",
     "NotFailedError",
     "Outbox",
     "OwnerChangedError",
@@ -199,6 +201,7 @@ __all__ = [
     "UnknownCollectionError",
     "UnknownEntityTypeError",
     "UnreadableHistoryError",
+    "Usage",
     "UserTurn",
     "WaitTimeoutError",
     "Wake",

@@ -195,7 +195,7 @@ def _problem(name: str, value: Any) -> str | None:
                 return f"two server tools are named {tool_name!r}"
             names.add(tool_name)
     elif name == "output_type":
-        OutputContract.check_type(value)
+        return OutputContract.type_problem(value)
     return None
 
 

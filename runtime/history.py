@@ -226,7 +226,8 @@ def render_input(record: LogRecord) -> list[dict[str, Any]]:
     if isinstance(event, ChildRunFinished):
         if event.status == "completed":
             body = event.response if event.response is not None else "(no response included)"
-            note = f"[{event.child} finished its run]\n{body}"
+            typed = f" with a {event.output_type}" if event.output_type else ""
+            note = f"[{event.child} finished its run{typed}]\n{body}"
         else:
             note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
         return [{"type": "text", "text": note}]

@@ -65,26 +65,31 @@ class OutputContract:
 
     @staticmethod
     def check_type(output_type: Any) -> None:
-        """A msgspec Struct, a dataclass or a TypedDict whose JSON schema is an object;
-        else a :class:`ToolContractError` saying why."""
-        is_struct = isinstance(output_type, type) and issubclass(output_type, msgspec.Struct)
-        is_typed_dict = isinstance(output_type, type) and typing.is_typeddict(output_type)
-        is_dataclass = isinstance(output_type, type) and dataclasses.is_dataclass(output_type)
-        if not (is_struct or is_typed_dict or is_dataclass):
-            raise ToolContractError(
-                f"option 'output_type': {output_type!r} is not a msgspec Struct, a dataclass "
-                "or a TypedDict (the answer is a JSON object)"
+        """Raise :class:`ToolContractError` if ``output_type`` cannot be an answer's type."""
+        problem = OutputContract.type_problem(output_type)
+        if problem is not None:
+            raise ToolContractError(f"option 'output_type': {problem}")
+
+    @staticmethod
+    def type_problem(output_type: Any) -> str | None:
+        """Why ``output_type`` is not a msgspec Struct, a dataclass or a TypedDict whose
+        JSON schema is an object (None if it is one)."""
+        if not isinstance(output_type, type) or not (
+            issubclass(output_type, msgspec.Struct)
+            or typing.is_typeddict(output_type)
+            or dataclasses.is_dataclass(output_type)
+        ):
+            return (
+                f"{output_type!r} is not a msgspec Struct, a dataclass or a TypedDict "
+                "(the answer is a JSON object)"
             )
         try:
             schema = struct_schema(output_type)
         except (TypeError, ValueError) as exc:
-            raise ToolContractError(
-                f"option 'output_type': {output_type.__name__} has no JSON schema: {exc}"
-            ) from None
+            return f"{output_type.__name__} has no JSON schema: {exc}"
         if schema.get("type") != "object":
-            raise ToolContractError(
-                f"option 'output_type': {output_type.__name__} is not a JSON object type"
-            )
+            return f"{output_type.__name__} is not a JSON object type"
+        return None
 
     def tool(self) -> AgentTool:
         """The tool the model gives its answer with."""
