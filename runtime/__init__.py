@@ -4,6 +4,7 @@ from .agent import AgentTool, RunResult, ToolResult
 from .cancellation import CancelSignal
 from .client import Runtime, WorkerInfo
 from .config import Settings
+from .content_blocks import attachment
 from .context import EntityHandle, HandlerContext
 from .contracts import (
     AgentDef,
@@ -34,6 +35,7 @@ from .errors import (
     FencedError,
     HTTPError,
     InvalidArgsError,
+    InvalidContentError,
     InvalidEventError,
     InvalidPayloadError,
     InvalidScheduleError,
@@ -147,6 +149,7 @@ __all__ = [
     "HandlerContext",
     "HandlerFailed",
     "InvalidArgsError",
+    "InvalidContentError",
     "InvalidEventError",
     "InvalidPayloadError",
     "InvalidScheduleError",
@@ -210,6 +213,7 @@ __all__ = [
     "WakefulError",
     "Worker",
     "WorkerInfo",
+    "attachment",
     "define_agent",
     "define_tool",
     "entity_url",

@@ -116,6 +116,16 @@ class InvalidEventError(InvalidPayloadError):
         self.field = field
 
 
+class InvalidContentError(InvalidPayloadError):
+    """Content blocks of a message (images, documents, text) the Messages API would
+    refuse: refused before anything is written; ``block`` names the one at fault
+    (``content[1]``)."""
+
+    def __init__(self, message: str, block: str = "") -> None:
+        super().__init__(message)
+        self.block = block
+
+
 class EventDecodeError(WakefulError):
     """A stored event could not be decoded. Carries the stream id."""
 

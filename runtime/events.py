@@ -79,6 +79,9 @@ class Message(Event, tag="msg"):
     client_data: Any = None
     idempotency_key: str | None = None
     client_tools: list[dict[str, Any]] | None = None  # tools the sending client answers itself
+    # Content blocks for the model after the payload's text (images, documents, text),
+    # checked when sent (content_blocks.py) and journaled as they are.
+    content: list[dict[str, Any]] | None = None
 
 
 class ChildRunFinished(Event, tag="child_run_finished"):

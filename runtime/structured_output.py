@@ -114,7 +114,7 @@ class OutputContract:
     def validate(self, raw: Any) -> tuple[Any, str | None]:
         """``(value as builtins, None)`` for a valid answer, ``(None, why)`` otherwise."""
         try:
-            value = msgspec.convert(raw, self.type)
+            value: Any = msgspec.convert(raw, self.type)
         except msgspec.ValidationError as exc:
             return None, f"the answer does not match {self.name}: {exc}"
         return msgspec.to_builtins(value), None
