@@ -36,6 +36,7 @@ from .errors import InvalidContentError
 __all__ = [
     "IMAGE_MEDIA_TYPES",
     "attachment",
+    "check_block",
     "check_content",
     "describe_block",
     "estimate_block_tokens",
@@ -72,10 +73,12 @@ def check_content(blocks: Any, what: str = "content", *, deep: bool = True) -> l
         raise InvalidContentError(
             f"{what} has {len(blocks)} blocks, over the limit of {MAX_BLOCKS}", what
         )
-    return [_check_block(block, f"{what}[{i}]", deep) for i, block in enumerate(blocks)]
+    return [check_block(block, f"{what}[{i}]", deep=deep) for i, block in enumerate(blocks)]
 
 
-def _check_block(block: Any, where: str, deep: bool) -> dict[str, Any]:
+def check_block(block: Any, where: str, *, deep: bool = True) -> dict[str, Any]:
+    """One block, checked (a copy); ``where`` names it in the error."""
+
     def fail(why: str) -> InvalidContentError:
         return InvalidContentError(f"{where}: {why}", where)
 

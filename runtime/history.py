@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from .content_blocks import check_content
+from .content_blocks import check_block
 from .errors import InvalidContentError
 from .events import (
     AssistantStep,
@@ -250,7 +250,7 @@ def _message_content(event: Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for i, block in enumerate(event.content or []):
         try:
-            blocks.extend(check_content([block], f"content[{i}]", deep=False))
+            blocks.append(check_block(block, f"content[{i}]", deep=False))
         except InvalidContentError as exc:
             blocks.append({"type": "text", "text": f"[an attachment was left out: {exc}]"})
     if event.sender:
