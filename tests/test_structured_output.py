@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from tests.anthropic_fakes import Server, ok, stream_body, text_block, tool_block
+from tests.faults import crash_and_recover
 from wakeful import (
     AgentTool,
     HandlerContext,
@@ -312,3 +313,29 @@ def test_model_response_is_exported():
     import wakeful
 
     assert wakeful.ModelResponse is ModelResponse
+
+
+async def test_a_crash_after_any_commit_of_the_run_resumes_to_the_same_answer(cluster):
+    """Every decision about the answer is made from journaled events: a worker killed
+    after any commit of a run with one correction resumes to the same output, and
+    never asks the model for a step it journaled."""
+    # Commits: user turn, step 1, its intent, its (invalid) result, step 2, its intent,
+    # its result, the run's end.
+    for hit in range(1, 9):
+        model = ScriptedModel(
+            [
+                ScriptedModel.tool_calls(("final_answer", {"winner": 3})),
+                ScriptedModel.tool_calls(("final_answer", {"winner": "blue"})),
+            ]
+        )
+        url = f"/judge/crash-{hit}"
+        rt = await crash_and_recover(
+            cluster, judge_app(model), url, "Who wins?", "flush:after-commit", hit
+        )
+        finished = await events_of(rt, url, RunFinished)
+        assert [(f.status, f.output, f.output_type) for f in finished] == [
+            ("completed", {"winner": "blue", "score": 0, "reasons": []}, "Verdict")
+        ], f"crash after commit {hit}"
+        assert len(model.requests) == 2, f"crash after commit {hit}: a step was asked again"
+        await rt.close()
+        cluster.runtimes.remove(rt)
