@@ -86,3 +86,33 @@ def test_demo_runs_on_the_embedded_default():
     assert 'calculator {"expression": "149597870.7 / 299792.458 / 60"}' in out.stdout
     assert "The researcher reports back: Findings: 149597870.7 / 299792.458 / 60 =" in out.stdout
     assert "favourite colour = teal" in out.stdout
+
+
+def _section_main(title: str) -> dict:
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(rf"### {title}\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    asyncio.run(namespace["main"]())
+    return namespace
+
+
+def test_readme_request_options_example_runs():
+    _section_main("Request options")
+
+
+def test_readme_content_blocks_example_runs(capsys):
+    _section_main("Images and documents in messages")
+    assert "content[0]: media type 'image/svg+xml' is not one the API takes" in (
+        capsys.readouterr().out
+    )
+
+
+def test_readme_structured_output_example_runs():
+    namespace = _section_main("Structured output")
+    assert namespace["results"][-1].output_type == "Verdict"
+
+
+def test_readme_scripted_model_example_runs():
+    namespace = _section_main("Testing with ScriptedModel")
+    assert len(namespace["model"].requests) == 2
