@@ -312,6 +312,7 @@ class ContextKeeper:
             messages=messages,
             tools=tools,  # the API wants the tools declared when tool_use blocks are sent
             max_tokens=min(self.max_output_tokens, 4096),
+            tool_choice={"type": "none"} if tools else None,  # a summary, never a call
         )
         work = self.model.complete(request)
         return await (race(work) if race is not None else work)

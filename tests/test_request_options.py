@@ -23,6 +23,7 @@ from wakeful import (
     define_agent,
     define_tool,
 )
+from wakeful.compaction import SUMMARY_SYSTEM
 from wakeful.models import AnthropicModel, ModelRequest
 
 pytestmark = pytest.mark.anyio
@@ -365,3 +366,20 @@ async def test_use_agent_checks_its_options_against_the_definitions(cluster):
         "use_agent: option 'tool_choice': 'any' forces a tool call, which the API refuses "
         "with thinking on; use 'auto' or 'none', or turn thinking off",
     ]
+
+
+async def test_the_summary_request_of_a_compaction_calls_no_tool(cluster):
+    """Server tools are declared in the summary request too (the history holds their
+    blocks); tool_choice none keeps the summary from running a search."""
+    model = ScriptedModel(lambda request: "x " * 400)
+    rt = await cluster.runtime(
+        app(model, context_window=2_000, max_output_tokens=200, server_tools=[WEB_SEARCH])
+    )
+    for n in range(6):
+        await rt.ask(URL, f"turn {n}: " + "words " * 100)
+
+    summaries = [r for r in model.requests if r.system == SUMMARY_SYSTEM]
+    assert summaries, "no compaction happened"
+    for request in summaries:
+        assert request.tool_choice == {"type": "none"}
+        assert [t["name"] for t in request.tools] == ["add", "web_search"]
