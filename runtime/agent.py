@@ -342,7 +342,8 @@ class Agent(ToolCalls):
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         tools = [tool.spec() for tool in self.tools.values() if await tool.is_enabled()]
         tools += self.request_options.server_tools
-        options = self.request_options.request_fields(self.caller()[0])
+        wants_identity = self.request_options.user_id_from is not None  # caller() scans
+        options = self.request_options.request_fields(self.caller()[0] if wants_identity else None)
         if self.output is not None:
             options = self.output.request_fields(options, self.request_options.thinks())
 

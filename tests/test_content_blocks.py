@@ -351,3 +351,21 @@ def test_attachment_names_the_file_it_refuses(tmp_path: Path):
         attachment(tmp_path / "tiny.png")
     with pytest.raises(InvalidContentError, match="only a document takes a title"):
         attachment(png(), title="x")
+
+
+async def test_the_transcript_shows_attachments_by_kind(cluster):
+    from wakeful.transcript import history_lines, lines
+
+    model = ScriptedModel(["seen"])
+    rt = await cluster.runtime(app(model))
+    await rt.ask(URL, "look", content=[image(png()), attachment(PDF, title="Q3")])
+
+    shown = [line for r in [r async for r in rt.events(URL)] for line in lines(r)]
+    # (escaped for the terminal's markup: "\\[" shows as "[")
+    assert any("from a client: look \\[image] \\[document: Q3]" in line for line in shown), shown
+    history = history_lines(await rt.history(URL))
+    assert [line.rsplit("[/]", 1)[-1].strip() for line in history[:3]] == [
+        "look",
+        "\\[image]",
+        "\\[document: Q3]",
+    ]
