@@ -35,7 +35,6 @@ __all__ = [
     "check_combination",
 ]
 
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # the tool names the API accepts
 # RFC 9110 field names; values without control characters (no header splitting).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
@@ -272,8 +271,6 @@ def check_combination(
                 f"{where}: option 'tool_choice': no tool named {choice.name!r} "
                 f"(the agent's tools: {names})"
             )
-        if not _NAME.fullmatch(choice.name):  # pragma: no cover - tool names are checked
-            raise ToolContractError(f"{where}: option 'tool_choice': bad name {choice.name!r}")
 
 
 def _choice_kind(choice: Any) -> str | None:

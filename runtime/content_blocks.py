@@ -315,10 +315,15 @@ def attachment(
                 _TEXT_TYPES.get(path.suffix.lower()) or sniff(data) or mimetypes.guess_type(name)[0]
             )
     media_type = media_type or sniff(data)
-    if media_type is None:
+    usable = media_type is not None and (
+        media_type.startswith("image/") or media_type in ("application/pdf", "text/plain")
+    )
+    if not usable:  # an image of another type is named by the check below
+        what = f" (it is {media_type})" if media_type else ""
         raise InvalidContentError(
-            f"{name}: not an image (JPEG, PNG, GIF, WebP), a PDF or a text file", name
+            f"{name}: not an image (JPEG, PNG, GIF, WebP), a PDF or a text file{what}", name
         )
+    assert media_type is not None
     block: dict[str, Any]
     if media_type == "text/plain":
         try:

@@ -365,7 +365,6 @@ def define_agent(
     others (or the tools) rule out, is a :class:`ToolContractError` here."""
     where = f"define_agent({name!r})"
     check_agent_options(options, where)
-    check_combination(options, where, set(tools or {}) if isinstance(tools, Mapping) else None)
     agent = AgentDef(
         name=name,
         instructions=instructions,
@@ -376,6 +375,7 @@ def define_agent(
         options=options,
         on_runtime_error=on_runtime_error,
     )
+    check_combination(options, where, set(agent.tools))
     try:
         agent.check()
     except ToolContractError:

@@ -15,6 +15,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- PayloadTooLargeError (ValueError)
     |   +-- InvalidPayloadError (TypeError)
     |   |   +-- InvalidEventError             a field of the wrong type: nothing written
+    |   |   +-- InvalidContentError           a content block the API would refuse: nothing written
     |   +-- EventDecodeError
     |   |   +-- UnreadableHistoryError
     |   +-- CollectionError

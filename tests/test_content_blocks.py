@@ -369,3 +369,14 @@ async def test_the_transcript_shows_attachments_by_kind(cluster):
         "\\[image]",
         "\\[document: Q3]",
     ]
+
+
+def test_attachment_names_a_file_of_another_kind(tmp_path: Path):
+    (tmp_path / "data.json").write_text("{}")
+    with pytest.raises(
+        InvalidContentError,
+        match=r"data.json: not an image .*, a PDF or a text file \(it is application/json\)",
+    ):
+        attachment(tmp_path / "data.json")
+    with pytest.raises(InvalidContentError, match="bytes: not an image"):
+        attachment(b"\x00\x01")
