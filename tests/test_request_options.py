@@ -116,10 +116,15 @@ def web_search_blocks(index: int) -> list[dict[str, Any]]:
 
 
 async def test_every_request_option_reaches_the_api_as_the_sdk_sends_it(cluster):
+    redacted = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}
     first = stream_body(
         thinking_block(0, "I should search, then add.", "sig-1"),
-        web_search_blocks(1),
-        tool_block(3, "toolu_1", "add", '{"a": 2, "b": 3}'),
+        [
+            {"type": "content_block_start", "index": 1, "content_block": redacted},
+            {"type": "content_block_stop", "index": 1},
+        ],
+        web_search_blocks(2),
+        tool_block(4, "toolu_1", "add", '{"a": 2, "b": 3}'),
         stop_reason="tool_use",
     )
     server = Server(ok(first), ok(stream_body(text_block(0, "5"), stop_reason="end_turn")))
@@ -150,16 +155,20 @@ async def test_every_request_option_reaches_the_api_as_the_sdk_sends_it(cluster)
         }
         assert request.headers["x-request-source"] == "wakeful-test"
         assert request.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
-    # The thinking block (with its signature) and the server tool's blocks go back as given.
+    # The thinking blocks (with the signature, the redacted data) and the server tool's
+    # blocks go back as given.
     assistant = server.body(1)["messages"][1]
     assert assistant["role"] == "assistant"
     assert [b["type"] for b in assistant["content"]] == [
         "thinking",
+        "redacted_thinking",
         "server_tool_use",
         "web_search_tool_result",
         "tool_use",
     ]
     assert assistant["content"][0]["signature"] == "sig-1"
+    assert assistant["content"][1] == redacted
+    assert assistant["content"][3]["content"][0]["encrypted_content"].startswith("Eqgf")
 
 
 async def test_without_an_identity_no_user_id_is_sent_and_a_static_one_stays(cluster):
