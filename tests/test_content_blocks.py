@@ -279,6 +279,8 @@ async def test_the_cli_attaches_a_file_as_a_native_block(server_url, prefix, tmp
             server_url, prefix, "send", "/bot/other", "--file", str(tmp_path / "nope.png")
         )
         assert missing.returncode == 1 and "nope.png: cannot read it" in missing.stderr
+        empty = await run(server_url, prefix, "send", "/bot/other")
+        assert empty.returncode == 1 and "give the message's text" in empty.stderr
         with pytest.raises(EntityNotFoundError):
             await rt.status("/bot/other")
     finally:
