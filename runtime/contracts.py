@@ -36,7 +36,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
-from .agent_options import check_agent_options, check_combination
+from .agent_options import check_agent_options, check_combination, server_tool_spec
 from .agent_tools import Content, RuntimeErrorInfo, struct_schema
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
@@ -329,6 +329,13 @@ class AgentDef:
             "name": self.name,
             "model": model,
             "runtime_context": _type_name(self.runtime_context_type()),
+            # The structured answer (output_type) and the API's own tools, if any.
+            "output": (
+                {"type": output_type.__name__, "schema": struct_schema(output_type)}
+                if (output_type := self.options.get("output_type")) is not None
+                else None
+            ),
+            "server_tools": [server_tool_spec(t) for t in self.options.get("server_tools") or []],
             "tools": [
                 {
                     "key": key,

@@ -339,3 +339,18 @@ async def test_a_crash_after_any_commit_of_the_run_resumes_to_the_same_answer(cl
         assert len(model.requests) == 2, f"crash after commit {hit}: a step was asked again"
         await rt.close()
         cluster.runtimes.remove(rt)
+
+
+def test_the_manifest_shows_the_answers_type_and_the_server_tools():
+    agent = define_agent(
+        name="a",
+        instructions=".",
+        model="claude-x",
+        output_type=Verdict,
+        server_tools=[{"type": "web_search_20250305"}],
+    )
+    manifest = agent.manifest()
+    assert manifest["output"]["type"] == "Verdict"
+    assert manifest["output"]["schema"]["required"] == ["winner"]
+    assert manifest["server_tools"] == [{"name": "web_search", "type": "web_search_20250305"}]
+    assert define_agent(name="b", instructions=".", model="claude-x").manifest()["output"] is None
