@@ -129,6 +129,10 @@ class Agent(ToolCalls):
             self.add_tool(tool)
         check_agent_options(request_options, "Agent")
         self.request_options = RequestOptions.build(request_options)
+        self.context.headers = {
+            "extra_headers": self.request_options.extra_headers,
+            "betas": self.request_options.betas,
+        }
         self.output = None if output_type is None else OutputContract(output_type, output_retries)
         if self.output is not None:
             if FINAL_TOOL in self.tools:

@@ -379,10 +379,18 @@ async def test_use_agent_checks_its_options_against_the_definitions(cluster):
 
 async def test_the_summary_request_of_a_compaction_calls_no_tool(cluster):
     """Server tools are declared in the summary request too (the history holds their
-    blocks); tool_choice none keeps the summary from running a search."""
+    blocks); tool_choice none keeps the summary from running a search. The agent's
+    headers and betas go with it (a beta may be what lets the request be that long)."""
     model = ScriptedModel(lambda request: "x " * 400)
     rt = await cluster.runtime(
-        app(model, context_window=2_000, max_output_tokens=200, server_tools=[WEB_SEARCH])
+        app(
+            model,
+            context_window=2_000,
+            max_output_tokens=200,
+            server_tools=[WEB_SEARCH],
+            betas=["context-1m-2025-08-07"],
+            extra_headers={"X-Team": "a"},
+        )
     )
     for n in range(6):
         await rt.ask(URL, f"turn {n}: " + "words " * 100)
@@ -392,3 +400,5 @@ async def test_the_summary_request_of_a_compaction_calls_no_tool(cluster):
     for request in summaries:
         assert request.tool_choice == {"type": "none"}
         assert [t["name"] for t in request.tools] == ["add", "web_search"]
+        assert request.betas == ["context-1m-2025-08-07"]
+        assert request.extra_headers == {"X-Team": "a"}
