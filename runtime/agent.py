@@ -296,18 +296,19 @@ class Agent(ToolCalls):
             if last is not None and not self._settled(last, run_id):
                 await self._run_tools(run_id, last, history)
                 continue
-            if self.output is not None:
-                decision = self.output.decide(history)
-                if decision is not None and decision.kind == "accepted":
-                    return await self._finish(run_id, "completed", output=decision.output)
-                if decision is not None and decision.kind == "exhausted":
-                    return await self._finish(run_id, "failed", error=decision.error)
-                if decision is not None:  # the turn ended in text: ask for the tool
-                    await self._journal(
-                        UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
-                    )
-                    continue
-            if isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content):
+            decision = self.output.decide(history) if self.output is not None else None
+            if decision is not None and decision.kind == "accepted":
+                return await self._finish(run_id, "completed", output=decision.output)
+            if decision is not None and decision.kind == "exhausted":
+                return await self._finish(run_id, "failed", error=decision.error)
+            if decision is not None and decision.kind == "correct" and self.output is not None:
+                # The turn ended in text: ask for the answer through the tool.
+                await self._journal(
+                    UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
+                )
+                continue
+            ends = isinstance(history[-1], AssistantStep) and not tool_uses(history[-1].content)
+            if ends and decision is None:
                 return await self._finish(run_id, "completed")
             if len(steps) >= self.max_steps:
                 return await self._finish(

@@ -46,9 +46,10 @@ class Decision:
     """What the run's events say about its answer.
 
     ``accepted``: ``output`` is the valid value, as JSON builtins; ``exhausted``: the
-    run fails with ``error``; ``correct``: tell the model ``error`` and go on."""
+    run fails with ``error``; ``correct``: tell the model ``error`` and go on;
+    ``continue``: ask the model for the next step (a paused turn is not an answer)."""
 
-    kind: Literal["accepted", "exhausted", "correct"]
+    kind: Literal["accepted", "exhausted", "correct", "continue"]
     output: Any = None
     error: str = ""
 
@@ -146,14 +147,20 @@ class OutputContract:
                 failures += 1
                 last_error = str(details.get("error") or _text(event.content))
             elif isinstance(event, AssistantStep) and not _calls(event.content):
+                if event.stop_reason == "pause_turn":  # the API goes on with it next step
+                    continue
+                if event.stop_reason == "refusal":
+                    return Decision("exhausted", error="the model refused to answer")
                 value, error = self._from_text(event.content)
                 if error is None:
                     return Decision("accepted", output=value)
                 failures += 1
                 last_error = error
+        last = run_events[-1] if run_events else None
+        if isinstance(last, AssistantStep) and last.stop_reason == "pause_turn":
+            return Decision("continue")
         if not failures:
             return None
-        last = run_events[-1] if run_events else None
         ended_in_text = isinstance(last, AssistantStep) and not _calls(last.content)
         answered_wrong = isinstance(last, ToolOutcome) and last.name == FINAL_TOOL
         if not (ended_in_text or answered_wrong):

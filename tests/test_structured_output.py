@@ -354,3 +354,26 @@ def test_the_manifest_shows_the_answers_type_and_the_server_tools():
     assert manifest["output"]["schema"]["required"] == ["winner"]
     assert manifest["server_tools"] == [{"name": "web_search", "type": "web_search_20250305"}]
     assert define_agent(name="b", instructions=".", model="claude-x").manifest()["output"] is None
+
+
+async def test_a_paused_turn_is_continued_and_a_refusal_fails_the_run(cluster):
+    paused = ModelResponse(
+        content=[{"type": "text", "text": "Searching..."}], stop_reason="pause_turn"
+    )
+    model = ScriptedModel(
+        [
+            paused,
+            ScriptedModel.tool_calls(("final_answer", {"winner": "blue"})),
+            ModelResponse(content=[{"type": "text", "text": ""}], stop_reason="refusal"),
+        ]
+    )
+    rt = await cluster.runtime(judge_app(model))
+
+    assert json.loads(await rt.ask(URL, "Who wins?"))["winner"] == "blue"
+    assert len(model.requests) == 2  # the paused turn went on, without a correction
+    assert await events_of(rt, URL, UserTurn) != [] and all(
+        t.sources for t in await events_of(rt, URL, UserTurn)
+    )
+    with pytest.raises(RunFailedError, match="the model refused to answer"):
+        await rt.ask(URL, "And now?")
+    assert len(model.requests) == 3  # a refusal is not asked again
