@@ -4,6 +4,7 @@ from .agent import AgentTool, RunResult, ToolResult
 from .cancellation import CancelSignal
 from .client import Runtime, WorkerInfo
 from .config import Settings
+from .content_blocks import attachment
 from .context import EntityHandle, HandlerContext
 from .contracts import (
     AgentDef,
@@ -36,6 +37,7 @@ from .errors import (
     HTTPError,
     InvalidArgsError,
     InvalidBlockError,
+    InvalidContentError,
     InvalidEventError,
     InvalidPayloadError,
     InvalidScheduleError,
@@ -96,7 +98,7 @@ from .events import (
     UserTurn,
 )
 from .live import LiveEvent, LiveRecord
-from .models import AnthropicModel, Model, ScriptedModel
+from .models import AnthropicModel, Model, ModelRequest, ModelResponse, ScriptedModel, Usage
 from .registry import EntityType, Registry
 from .retention import JsonlExporter
 from .schedules import CronSchedule
@@ -154,6 +156,7 @@ __all__ = [
     "HandlerFailed",
     "InvalidArgsError",
     "InvalidBlockError",
+    "InvalidContentError",
     "InvalidEventError",
     "InvalidPayloadError",
     "InvalidScheduleError",
@@ -170,6 +173,8 @@ __all__ = [
     "Model",
     "ModelConfigError",
     "ModelError",
+    "ModelRequest",
+    "ModelResponse",
     "NotFailedError",
     "Outbox",
     "OwnerChangedError",
@@ -209,6 +214,7 @@ __all__ = [
     "UnknownCollectionError",
     "UnknownEntityTypeError",
     "UnreadableHistoryError",
+    "Usage",
     "UserTurn",
     "WaitTimeoutError",
     "Wake",
@@ -217,6 +223,7 @@ __all__ = [
     "WakefulError",
     "Worker",
     "WorkerInfo",
+    "attachment",
     "define_agent",
     "define_tool",
     "entity_url",

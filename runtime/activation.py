@@ -192,6 +192,8 @@ class Activation:
         stop_reason: str | None = None,
         stop_sequence: str | None = None,
         stop_details: dict[str, Any] | None = None,
+        output: Any = None,
+        output_type: str | None = None,
     ) -> str:
         run_id = self.record_run()
         # A run that ends (cancelled, failed) while calls wait for answers settles them:
@@ -220,6 +222,8 @@ class Activation:
                 stop_reason=stop_reason,
                 stop_sequence=stop_sequence,
                 stop_details=stop_details,
+                output=output,
+                output_type=output_type,
             )
         )
         return run_id
@@ -311,6 +315,8 @@ class Activation:
             response=run.response if spec.include_response else None,
             error=run.error,
             stop_reason=run.stop_reason,
+            output=run.output if spec.include_response else None,
+            output_type=run.output_type,
         )
         return Effect(
             kind="notify",

@@ -28,6 +28,7 @@ sits below the context and never imports it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +37,7 @@ import msgspec
 
 from . import metrics, tracing
 from .agent_calls import AgentWake, StopRun, SuspendRun, ToolCalls
+from .agent_options import RequestOptions, check_agent_options
 from .agent_tools import AgentTool, Content, OnUpdate, ToolResult, struct_schema
 from .blocks import check_tool_name
 from .compaction import ContextKeeper, Mode
@@ -62,8 +64,9 @@ from .events import (
 from .history import render_input, tool_uses
 from .model_retry import next_wait, open_wait, wait_is_over
 from .models import Model, ModelRequest, ModelResponse, Usage, resolve_model
-from .stop_reasons import CONTINUED, run_status, stop_error
+from .stop_reasons import CONTINUED, REFUSED, run_status, stop_error
 from .streamids import id_gt
+from .structured_output import FINAL_TOOL, OutputContract
 
 __all__ = [  # ToolBugError and WakeInterrupted live in errors.py; re-exported for old imports
     "Agent",
@@ -100,6 +103,9 @@ class RunResult:
     stop_reason: str | None = None
     stop_sequence: str | None = None  # the stop sequence the last step matched
     stop_details: dict[str, Any] | None = None  # e.g. a refusal's category, explanation
+    # With output_type: the validated answer (an instance of it) and the type's name.
+    output: Any = None
+    output_type: str | None = None
 
 
 class Agent(ToolCalls):
@@ -121,7 +127,11 @@ class Agent(ToolCalls):
         context_budget: float = 0.8,
         keep_turns: int = 2,
         model_retry_total_s: float = 120.0,
+        output_type: type | None = None,
+        output_retries: int = 2,
+        **request_options: Any,
     ) -> None:
+        """``request_options`` are the Messages API options (agent_options.py)."""
         self.wake = wake
         self.system_prompt = system_prompt
         try:
@@ -145,6 +155,20 @@ class Agent(ToolCalls):
         self.tools: dict[str, AgentTool] = {}
         for tool in tools or []:
             self.add_tool(tool)
+        check_agent_options(request_options, "Agent")
+        self.request_options = RequestOptions.build(request_options)
+        self.context.headers = {
+            "extra_headers": self.request_options.extra_headers,
+            "betas": self.request_options.betas,
+        }
+        self.output = None if output_type is None else OutputContract(output_type, output_retries)
+        if self.output is not None:
+            if FINAL_TOOL in self.tools:
+                raise ToolContractError(
+                    f"a tool is named {FINAL_TOOL!r}, the name of the tool that takes the "
+                    "structured answer (output_type); rename it"
+                )
+            self.add_tool(self.output.tool())
         self.max_steps = max_steps
         self.max_run_tokens = max_run_tokens
         self.max_output_tokens = max_output_tokens
@@ -305,9 +329,24 @@ class Agent(ToolCalls):
             if last is not None and not self._settled(last, run_id):
                 await self._run_tools(run_id, last, history)
                 continue
+            decision = self.output.decide(history) if self.output is not None else None
             end = history[-1]
+            if decision is not None and decision.kind == "accepted":
+                return await self._finish(run_id, "completed", output=decision.output)
+            if decision is not None and decision.kind == "exhausted":
+                refused = isinstance(end, AssistantStep) and end.stop_reason in REFUSED
+                return await self._finish(
+                    run_id, "refused" if refused else "failed", error=decision.error
+                )
+            if decision is not None and decision.kind == "correct" and self.output is not None:
+                # The turn ended in text: ask for the answer through the tool.
+                await self._journal(
+                    UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
+                )
+                continue
             if (
-                isinstance(end, AssistantStep)
+                decision is None
+                and isinstance(end, AssistantStep)
                 and not tool_uses(end.content)
                 and end.stop_reason not in CONTINUED  # pause_turn: send it back, go on
             ):
@@ -395,6 +434,11 @@ class Agent(ToolCalls):
     @metrics.model_step
     async def _step(self, run_id: str, step: int) -> ModelResponse:
         tools = [tool.spec() for tool in self.tools.values() if await tool.is_enabled()]
+        tools += self.request_options.server_tools
+        wants_identity = self.request_options.user_id_from is not None  # caller() scans
+        options = self.request_options.request_fields(self.caller()[0] if wants_identity else None)
+        if self.output is not None:
+            options = self.output.request_fields(options, self.request_options.thinks())
 
         def request() -> ModelRequest:
             return ModelRequest(
@@ -403,6 +447,7 @@ class Agent(ToolCalls):
                 messages=self.context.messages(self._system.history),
                 tools=tools,
                 max_tokens=self.max_output_tokens,
+                **options,
             )
 
         live = self.wake.live
@@ -532,7 +577,9 @@ class Agent(ToolCalls):
         *,
         error: str | None = None,
         withdrawn: bool = False,
+        output: Any = None,
     ) -> RunResult:
+        """End the run; ``output`` (JSON builtins) is its structured answer, if any."""
         run_events = self._run_history(run_id)
         if withdrawn or (
             status == "failed" and run_events and isinstance(run_events[-1], UserTurn)
@@ -554,6 +601,11 @@ class Agent(ToolCalls):
             error = stop_error(stop_reason, stop_details, self.max_output_tokens)
         answered = status in ("completed", "truncated", "refused")
         calls = sum(len(tool_uses(s.content)) for s in journaled)
+        output_type = (
+            self.output.name if self.output is not None and status == "completed" else None
+        )
+        if output_type is not None:
+            response = json.dumps(output, ensure_ascii=False)
         self.wake.activation.finish_run(
             status,
             response=response if answered else None,
@@ -564,6 +616,8 @@ class Agent(ToolCalls):
             stop_reason=stop_reason,
             stop_sequence=stop_sequence,
             stop_details=stop_details,
+            output=output,
+            output_type=output_type,
         )
         async with self._commit_lock:
             await self.wake.flush()
@@ -578,6 +632,8 @@ class Agent(ToolCalls):
             stop_reason=stop_reason,
             stop_sequence=stop_sequence,
             stop_details=stop_details,
+            output=self.output.value(output) if output_type and self.output else None,
+            output_type=output_type,
         )
 
     async def _stopped(self, run_id: str) -> RunResult:

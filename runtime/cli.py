@@ -3,8 +3,8 @@
     wakeful demo                         the demo: a worker killed mid-run, resumed (embedded)
     wakeful worker APP                   run a worker for the registry APP (module:attr)
     wakeful serve APP                    the HTTP gateway and web console
-    wakeful send URL TEXT                send a message, print its event id
-    wakeful ask URL TEXT                 send a message and stream the reply
+    wakeful send URL TEXT [--file PATH]  send a message (with attachments), print its event id
+    wakeful ask URL TEXT [--file PATH]   send a message and stream the reply
     wakeful tail URL [-f] [--live]       the entity log as a transcript (and live output)
     wakeful export URL [-o FILE]         the entity's current log as JSON Lines
     wakeful create URL [--args JSON]     create an entity (cancel, delete: end it)
@@ -54,6 +54,7 @@ from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .cli_tokens import TOKENS_VAR, load_tokens
 from .client import Runtime
 from .config import Settings
+from .content_blocks import attachment
 from .errors import RedisFullError, WakefulError
 from .events import LogRecord, TrimmedRecord
 from .json_values import decode_json
@@ -233,12 +234,26 @@ async def _manifest(args: argparse.Namespace) -> int:
 # -- messages -----------------------------------------------------------------------
 
 
+def _message(args: argparse.Namespace) -> dict[str, Any]:
+    """The message ``send`` and ``ask`` send: the text and the attached files as
+    content blocks, each checked before anything is sent (a bad file is named)."""
+    files = args.files or []
+    if args.text is None and not files:
+        raise WakefulError("give the message's text, or attach a file with --file PATH")
+    content = [attachment(path) for path in files] or None
+    return {
+        "payload": args.text if args.text is not None or content is None else None,
+        "content": content,
+        "idempotency_key": args.idempotency_key,
+        "identity": identity_of(args),
+    }
+
+
 async def _send(args: argparse.Namespace) -> int:
+    message = _message(args)
     rt = await _client(args)
     try:
-        event_id = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
-        )
+        event_id = await rt.send(args.url, **message)
     finally:
         await rt.close()
     if args.json:
@@ -249,12 +264,11 @@ async def _send(args: argparse.Namespace) -> int:
 
 
 async def _ask(args: argparse.Namespace) -> int:
+    message = _message(args)
     rt = await _client(args)
     try:
         live_after = await rt.live_position(args.url)
-        sent = await rt.send(
-            args.url, args.text, idempotency_key=args.idempotency_key, identity=identity_of(args)
-        )
+        sent = await rt.send(args.url, **message)
         return await follow_reply(rt, args, after=sent, live_after=live_after)
     finally:
         await rt.close()

@@ -121,16 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
         "without), or module:function",
     )
     serve_limits(p)
+
+    def message(p: argparse.ArgumentParser) -> None:
+        p.add_argument("url")
+        p.add_argument("text", nargs="?", help="the message's text (optional with --file)")
+        p.add_argument(
+            "--file",
+            "--attach",
+            dest="files",
+            action="append",
+            metavar="PATH",
+            help="attach an image (JPEG, PNG, GIF, WebP), a PDF or a text file (repeatable)",
+        )
+        p.add_argument("--idempotency-key")
+        identity(p)
+
     p = command("send", "send a message to an entity (creating it)")
-    p.add_argument("url")
-    p.add_argument("text")
-    p.add_argument("--idempotency-key")
-    identity(p)
+    message(p)
     p = command("ask", "send a message and stream the reply until the entity is idle")
-    p.add_argument("url")
-    p.add_argument("text")
-    p.add_argument("--idempotency-key")
-    identity(p)
+    message(p)
     follow_reply(p)
     p = command(
         "tail", "the entity log as a transcript (--json: raw); -f follows, --live adds live output"

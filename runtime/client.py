@@ -31,6 +31,7 @@ from .client_log import LogExport
 from .client_schedules import RecurringSchedules
 from .config import Settings
 from .connection import connect
+from .content_blocks import check_content
 from .errors import (
     EntityNotFoundError,
     EventDecodeError,
@@ -258,6 +259,7 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         sender: str | None = None,
         client_tools: list[dict[str, Any]] | None = None,
         expect_owner: str = "",
+        content: list[dict[str, Any]] | None = None,
     ) -> str:
         """Append a message to the entity's log (creating the entity) and wake it.
 
@@ -267,7 +269,13 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         creates is owned by ``identity``. ``expect_owner`` (the gateway's: the
         :func:`~wakeful.keys.owner_mark` its authoriser saw) makes the send write
         nothing and raise :class:`OwnerChangedError` if the owner is another now.
+        ``content``: content blocks (images, documents, text; see
+        :func:`~wakeful.content_blocks.attachment`) the model gets after the payload's
+        text, checked first: a block the API would refuse is an
+        :class:`InvalidContentError` naming it, and nothing is written.
         """
+        if content is not None:
+            content = check_content(content)
         parsed = parse_url(url)
         await self._check_type(parsed.type)
         limit = self.settings.max_event_bytes
@@ -285,6 +293,7 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
                         else None
                     ),
                     trace=trace,
+                    content=content,
                 ),
                 limit=limit,
                 what=f"message to {url}",

@@ -142,6 +142,9 @@ class ContextKeeper:
         self.max_output_tokens = max_output_tokens
         self._cache = cache if cache is not None else {}
         self.learned: int | None = None  # the limit a "prompt is too long" answer named
+        # What every request of the agent carries, its summaries too (extra_headers and
+        # betas: a beta such as a longer context window must reach the summary as well).
+        self.headers: dict[str, Any] = {}
 
     # -- the projection -------------------------------------------------------------
 
@@ -312,6 +315,8 @@ class ContextKeeper:
             messages=messages,
             tools=tools,  # the API wants the tools declared when tool_use blocks are sent
             max_tokens=min(self.max_output_tokens, 4096),
+            tool_choice={"type": "none"} if tools else None,  # a summary, never a call
+            **self.headers,
         )
         work = self.model.complete(request)
         return await (race(work) if race is not None else work)

@@ -20,7 +20,7 @@ import msgspec
 
 from .activation import Activation
 from .agent import Agent, AgentTool, AgentWake
-from .agent_options import check_agent_options
+from .agent_options import check_agent_options, check_combination
 from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
 from .compaction import reset_event
@@ -154,9 +154,12 @@ class HandlerContext:
         ``AgentTool``s) or a typed agent from ``define_agent`` (its registrations
         are checked here, before any model call). ``model`` is a ``claude-*``
         name (the Anthropic API; ``ANTHROPIC_API_KEY`` must be set, checked
-        here) or a :class:`Model` such as ``ScriptedModel``. Options:
-        ``max_steps``, ``max_run_tokens``, ``max_output_tokens``,
-        ``tool_concurrency``.
+        here) or a :class:`Model` such as ``ScriptedModel``. Options (see
+        agent_options.py; over a definition's own): ``max_steps``,
+        ``max_run_tokens``, ``max_output_tokens``, ``tool_concurrency``, the
+        context options, the request options (``thinking``, ``tool_choice``, ...)
+        and ``output_type``; checked alone and together, a bad one is a
+        :class:`ToolContractError` naming it.
         """
         check_agent_options(options, "use_agent")
         wake = AgentWake(
@@ -170,15 +173,17 @@ class HandlerContext:
         )
         if isinstance(system_prompt, AgentDef):
             definition = system_prompt
+            merged = {**definition.options, **options}
             agent = Agent(
                 wake,
                 system_prompt=definition.instructions,
                 model=model or definition.model,
                 tools=list(tools or []),
-                **{**definition.options, **options},
+                **merged,
             )
             for tool in resolve_tools(definition, self, agent.caller, self._capabilities()):
                 agent.add_tool(tool)
+            check_combination(merged, "use_agent", agent.tools)
             agent.after_tool_result = loop_result_hook(definition, agent.caller, self)
             agent.on_runtime_error = definition.on_runtime_error
             agent.agent_name = definition.name
@@ -186,6 +191,7 @@ class HandlerContext:
             if model is None:
                 raise TypeError("use_agent needs a model (a claude-* name or a Model)")
             agent = Agent(wake, system_prompt=system_prompt, model=model, tools=tools, **options)
+            check_combination(options, "use_agent", agent.tools)
         self._agent = agent
         return agent
 

@@ -12,11 +12,13 @@ where the model has one).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
+from .content_blocks import estimate_block_tokens
 from .errors import ContextConfigError
 
 # Context windows of current Claude models, in tokens, by name prefix (the longest
@@ -114,10 +116,34 @@ def _window_of(model_name: str) -> int | None:
 
 
 def estimate_tokens(value: Any) -> int:
-    """A rough token count of JSON-able content (messages, a system prompt, tools)."""
+    """A rough token count of JSON-able content (messages, a system prompt, tools).
+
+    Images and base64 documents are counted at what the API charges for them, not by
+    their base64 text (a 1 MB photo is about 1,600 tokens, not 250,000)."""
     if isinstance(value, str):
         return len(value.encode()) // BYTES_PER_TOKEN + 1
-    return len(msgspec.json.encode(value)) // BYTES_PER_TOKEN + 1
+    encoded = msgspec.json.encode(value)
+    if b'"base64"' not in encoded:
+        return len(encoded) // BYTES_PER_TOKEN + 1
+    media = 0
+    media_bytes = 0
+    for block in _media_blocks(value):
+        media += estimate_block_tokens(block) or 0
+        media_bytes += len(msgspec.json.encode(block))
+    return max(0, len(encoded) - media_bytes) // BYTES_PER_TOKEN + media + 1
+
+
+def _media_blocks(value: Any) -> Iterator[dict[str, Any]]:
+    """The image and base64 document blocks anywhere in ``value`` (also in tool results)."""
+    if isinstance(value, dict):
+        if estimate_block_tokens(value) is not None:
+            yield value
+            return
+        for item in value.values():
+            yield from _media_blocks(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _media_blocks(item)
 
 
 _REFUSED = re.compile(r"(\d+) tokens > (\d+) maximum")

@@ -35,7 +35,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
-from .agent_options import check_agent_options
+from .agent_options import check_agent_options, check_combination, server_tool_spec
 from .agent_tools import Content, RuntimeErrorInfo, struct_schema
 from .blocks import TOOL_NAME
 from .cancellation import CancelSignal
@@ -329,6 +329,13 @@ class AgentDef:
             "name": self.name,
             "model": model,
             "runtime_context": _type_name(self.runtime_context_type()),
+            # The structured answer (output_type) and the API's own tools, if any.
+            "output": (
+                {"type": output_type.__name__, "schema": struct_schema(output_type)}
+                if (output_type := self.options.get("output_type")) is not None
+                else None
+            ),
+            "server_tools": [server_tool_spec(t) for t in self.options.get("server_tools") or []],
             "tools": [
                 {
                     "key": key,
@@ -360,8 +367,9 @@ def define_agent(
     """Define an agent; use it from a handler with ``ctx.use_agent(agent)``.
 
     ``options`` are the loop's (``max_steps``, ``max_run_tokens``,
-    ``max_output_tokens``, ``tool_concurrency``): an unknown or mistyped one is a
-    :class:`ToolContractError` here."""
+    ``max_output_tokens``, ``tool_concurrency``, the context and request options,
+    ``output_type``; see agent_options.py): an unknown or mistyped one, or one the
+    others (or the tools) rule out, is a :class:`ToolContractError` here."""
     where = f"define_agent({name!r})"
     check_agent_options(options, where)
     agent = AgentDef(
@@ -374,6 +382,7 @@ def define_agent(
         options=options,
         on_runtime_error=on_runtime_error,
     )
+    check_combination(options, where, set(agent.tools))
     try:
         agent.check()
     except ToolContractError:

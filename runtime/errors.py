@@ -15,6 +15,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- PayloadTooLargeError (ValueError)
     |   +-- InvalidPayloadError (TypeError)
     |   |   +-- InvalidEventError             a field of the wrong type: nothing written
+    |   |   +-- InvalidContentError           a content block the API would refuse: nothing written
     |   +-- EventDecodeError
     |   |   +-- UnreadableHistoryError
     |   +-- ConversationChunkError            a snapshot's conversation chunk is missing
@@ -119,6 +120,16 @@ class InvalidEventError(InvalidPayloadError):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidContentError(InvalidPayloadError):
+    """Content blocks of a message (images, documents, text) the Messages API would
+    refuse: refused before anything is written; ``block`` names the one at fault
+    (``content[1]``)."""
+
+    def __init__(self, message: str, block: str = "") -> None:
+        super().__init__(message)
+        self.block = block
 
 
 class EventDecodeError(WakefulError):

@@ -79,6 +79,9 @@ class Message(Event, tag="msg"):
     client_data: Any = None
     idempotency_key: str | None = None
     client_tools: list[dict[str, Any]] | None = None  # tools the sending client answers itself
+    # Content blocks for the model after the payload's text (images, documents, text),
+    # checked when sent (content_blocks.py) and journaled as they are.
+    content: list[dict[str, Any]] | None = None
 
 
 # How a run ended. ``truncated``: the model's answer was cut off (``max_tokens``,
@@ -96,6 +99,9 @@ class ChildRunFinished(Event, tag="child_run_finished"):
     response: str | None = None
     error: str | None = None
     stop_reason: str | None = None  # the model's, for an agent run (see RunFinished)
+    # A structured answer (output_type): JSON builtins, and the name of its type.
+    output: Any = None
+    output_type: str | None = None
 
 
 class Changed(Event, tag="changed"):
@@ -271,6 +277,9 @@ class RunFinished(Event, tag="run_finished"):
     stop_reason: str | None = None
     stop_sequence: str | None = None
     stop_details: dict[str, Any] | None = None
+    # A structured answer (output_type): JSON builtins, and the name of its type.
+    output: Any = None
+    output_type: str | None = None
 
 
 # --- the agent loop's journal (outputs; they make up the conversation) -------

@@ -13,7 +13,7 @@ status code below):
     GET  /entities/{type}                           urls of the type's entities the caller may
                                                     read, sorted (?limit=, ?after=<last url>)
     POST /entities/{type}/{id}                      create (get-or-create) {args, message}
-    POST /entities/{type}/{id}/messages             send {payload, client_data, client_tools};
+    POST /entities/{type}/{id}/messages             send {payload, content, client_data, client_tools};
                                                     header Idempotency-Key
     GET  /entities/{type}/{id}                      status
     DELETE /entities/{type}/{id}                    delete (202; the worker deletes it)
@@ -102,7 +102,7 @@ from .errors import (
     WakefulError,
 )
 from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
-from .http_input import query_flag, query_int, read_body, resume_position
+from .http_input import message_fields, query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
@@ -367,20 +367,16 @@ def create_app(
     async def send(request: Request) -> Response:
         decided = await entity_access(request, "write")
         url = decided[0]
-        data = await body(request)
-        if "payload" not in data:
-            raise HTTPError(400, "MissingField", "the body needs a 'payload'")
+        message = message_fields(await body(request))
         event_id = await owned_write(
             request,
             decided,
             lambda identity, mark: runtime.send(
                 url,
-                data["payload"],
                 idempotency_key=request.headers.get("idempotency-key"),
                 identity=identity,
-                client_data=data.get("client_data"),
-                client_tools=data.get("client_tools"),
                 expect_owner=mark,
+                **message,
             ),
         )
         return JSONResponse({"url": url, "event_id": event_id}, status_code=202)

@@ -39,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+from .content_blocks import check_block
+from .errors import InvalidContentError
 from .events import (
     AssistantStep,
     Changed,
@@ -277,23 +279,16 @@ def _add(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
 
 
 def render_input(record: LogRecord) -> list[dict[str, Any]]:
-    """How an input appears to the model: messages as text, results of children as notes."""
+    """How an input appears to the model: messages as text followed by their content
+    blocks (images and documents as native blocks), results of children as notes."""
     event = record.event
     if isinstance(event, Message):
-        payload = event.payload
-        if isinstance(payload, str):
-            text = payload
-        elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
-            text = payload["text"]
-        else:
-            text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
-        if event.sender:
-            text = f"[message from {event.sender}]\n{text}"
-        return [{"type": "text", "text": text or "(empty message)"}]
+        return _message_content(event)
     if isinstance(event, ChildRunFinished):
         if event.status == "completed":
             body = event.response if event.response is not None else "(no response included)"
-            note = f"[{event.child} finished its run]\n{body}"
+            typed = f" with a {event.output_type}" if event.output_type else ""
+            note = f"[{event.child} finished its run{typed}]\n{body}"
         else:
             note = f"[{event.child} {event.status}: {event.error or 'no error given'}]"
             if event.status in ("truncated", "refused") and event.response:
@@ -306,3 +301,29 @@ def render_input(record: LogRecord) -> list[dict[str, Any]]:
     if isinstance(event, DeliveryFailed):
         return [{"type": "text", "text": f"[could not {event.kind} {event.target}: {event.error}]"}]
     return []
+
+
+def _message_content(event: Message) -> list[dict[str, Any]]:
+    """The payload as text (none for a payload of None or "" beside content blocks),
+    then the content blocks. A block that is not one (content written around the
+    client's check) becomes a note saying so: one bad block must not fail every run."""
+    payload = event.payload
+    if isinstance(payload, str):
+        text = payload
+    elif isinstance(payload, dict) and isinstance(payload.get("text"), str):
+        text = payload["text"]
+    elif payload is None and event.content:
+        text = ""
+    else:
+        text = json.dumps(msgspec.to_builtins(payload), ensure_ascii=False)
+    blocks: list[dict[str, Any]] = []
+    for i, block in enumerate(event.content or []):
+        try:
+            blocks.append(check_block(block, f"content[{i}]", deep=False))
+        except InvalidContentError as exc:
+            blocks.append({"type": "text", "text": f"[an attachment was left out: {exc}]"})
+    if event.sender:
+        text = f"[message from {event.sender}]\n{text}"
+    if text.strip() or not blocks:
+        blocks.insert(0, {"type": "text", "text": text or "(empty message)"})
+    return blocks

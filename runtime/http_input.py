@@ -80,6 +80,27 @@ def parse_json(raw: bytes, what: str) -> Any:
         raise HTTPError(400, "MalformedJSON", str(exc)) from None
 
 
+def message_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The message a ``POST .../messages`` body sends: a ``payload``, ``content``
+    blocks, or both (the blocks themselves are checked by ``Runtime.send``: a bad one
+    is a 422 naming it, ``content[1]``, before anything is written)."""
+    if "payload" not in data and "content" not in data:
+        raise HTTPError(400, "MissingField", "the body needs a 'payload' or 'content' blocks")
+    content = data.get("content")
+    if "content" in data and not isinstance(content, list):
+        raise HTTPError(
+            422,
+            "InvalidContentError",
+            f"content must be a list of content blocks, got {type(content).__name__}",
+        )
+    return {
+        "payload": data.get("payload"),
+        "client_data": data.get("client_data"),
+        "client_tools": data.get("client_tools"),
+        "content": content,
+    }
+
+
 def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
     """The query parameter ``name`` as a whole number in ``low..high``."""
     raw = request.query_params.get(name)

@@ -77,11 +77,29 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 
 class ModelRequest(msgspec.Struct, kw_only=True):
+    """One request to a model, in the Messages API's shapes.
+
+    ``tools`` holds the agent's tools and then its server tools (the API runs
+    those). The options after ``max_tokens`` are the agent's (agent_options.py
+    checked them), ``None`` when not set: ``thinking``, ``tool_choice``,
+    ``stop_sequences``, ``metadata`` (``user_id`` from the run's trusted
+    identity), ``service_tier``, ``extra_headers`` and ``betas`` (sent as the
+    ``anthropic-beta`` header), ``output_config`` (``format``, ``effort``).
+    """
+
     model: str
     system: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = []
     max_tokens: int = 4096
+    thinking: dict[str, Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    extra_headers: dict[str, str] | None = None
+    betas: list[str] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 class ModelResponse(msgspec.Struct, kw_only=True):
@@ -213,7 +231,8 @@ class AnthropicModel:
         the agent asks only when its own estimate comes near its context budget."""
         model = request.model or self.name
         params = _stream_params(request, model)
-        params.pop("max_tokens", None)
+        for name in _NOT_COUNTED:  # count_tokens takes the input, not the output's settings
+            params.pop(name, None)
         try:
             counted = await self.client.messages.count_tokens(**params)
         except Exception as exc:
@@ -226,8 +245,15 @@ class AnthropicModel:
         return int(counted.input_tokens)
 
 
+# Params of messages.create that messages.count_tokens does not take.
+_NOT_COUNTED = ("max_tokens", "stop_sequences", "metadata", "service_tier")
+# Request options sent as they are, when set.
+_PASSED = ("thinking", "tool_choice", "stop_sequences", "metadata", "service_tier", "output_config")
+
+
 def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
-    """Messages API params with cache breakpoints, copied where marked.
+    """Messages API params with cache breakpoints, copied where marked; the request's
+    options as they are, ``betas`` joined into the ``anthropic-beta`` header.
 
     The caller's request is never mutated: the agent loop sends the same history
     again next turn, and breakpoints left behind would pile up past the API's
@@ -255,6 +281,18 @@ def _stream_params(request: ModelRequest, model: str) -> dict[str, Any]:
             content[-1] = {**content[-1], "cache_control": _EPHEMERAL}
             last["content"] = content
             messages[-1] = last
+    for name in _PASSED:
+        value = getattr(request, name)
+        if value is not None:
+            params[name] = value
+    headers = dict(request.extra_headers or {})
+    if request.betas:
+        named = [h for h in headers if h.lower() == "anthropic-beta"]
+        joined = ",".join(headers.pop(h) for h in named)
+        given = [b.strip() for b in joined.split(",") if b.strip()]
+        headers["anthropic-beta"] = ",".join(dict.fromkeys([*given, *request.betas]))
+    if headers:
+        params["extra_headers"] = headers
     return params
 
 

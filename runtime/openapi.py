@@ -237,11 +237,17 @@ OPENAPI: dict[str, Any] = {
                 507,  # Redis is full (at its maxmemory): nothing was written
                 body={
                     "type": "object",
-                    "required": ["payload"],
+                    "description": "a 'payload', 'content' blocks, or both",
                     "properties": {
                         "payload": {},
                         "client_data": {},
                         "client_tools": {"type": "array"},
+                        "content": {
+                            "type": "array",
+                            "description": "content blocks after the payload's text: "
+                            "text, image (base64 or url), document (PDF, text or url)",
+                            "items": {"type": "object"},
+                        },
                     },
                 },
                 params=[{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],

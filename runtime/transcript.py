@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from .content_blocks import describe_block
 from .events import (
     ActionRequested,
     ActionSettled,
@@ -68,8 +69,9 @@ def history_lines(events: list[Any]) -> list[str]:
     for event in events:
         if isinstance(event, UserTurn):
             for block in event.content:
-                if block.get("type") == "text":
-                    out.append(_label("user", "bold") + escape(short(block["text"], WIDTH)))
+                if block.get("type") in ("text", "image", "document"):
+                    text = short(describe_block(block), WIDTH)
+                    out.append(_label("user", "bold") + escape(text))
         else:
             out.extend(_describe(event))
     return out
@@ -83,7 +85,10 @@ def _describe(event: Any) -> list[str]:
     if isinstance(event, Message):
         sender = event.sender or "a client"
         who = f" ({short(event.identity)})" if event.identity else ""
-        return [_label("message", "bold") + escape(f"from {sender}{who}: {_text(event.payload)}")]
+        text = _text(event.payload) if event.payload is not None or not event.content else ""
+        attached = " ".join(describe_block(b) for b in event.content or [])
+        line = f"from {sender}{who}: {' '.join(t for t in (text, attached) if t)}"
+        return [_label("message", "bold") + escape(line)]
     if isinstance(event, AssistantStep):
         out = []
         for block in event.content:

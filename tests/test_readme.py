@@ -68,3 +68,33 @@ def test_readme_schedules_example_runs(capsys):
     out = capsys.readouterr().out
     assert "daily 0 9 * * 1-5 2030-06-03 09:00:00+02:00" in out
     assert "woken by daily@1906700400000 to write the report" in out
+
+
+def _section_main(title: str) -> dict:
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(rf"### {title}\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    asyncio.run(namespace["main"]())
+    return namespace
+
+
+def test_readme_request_options_example_runs():
+    _section_main("Request options")
+
+
+def test_readme_content_blocks_example_runs(capsys):
+    _section_main("Images and documents in messages")
+    assert "content[0]: media type 'image/svg+xml' is not one the API takes" in (
+        capsys.readouterr().out
+    )
+
+
+def test_readme_structured_output_example_runs():
+    namespace = _section_main("Structured output")
+    assert namespace["results"][-1].output_type == "Verdict"
+
+
+def test_readme_scripted_model_example_runs():
+    namespace = _section_main("Testing with ScriptedModel")
+    assert len(namespace["model"].requests) == 2
