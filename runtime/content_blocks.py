@@ -117,8 +117,10 @@ def _image_source(
     kind = source.get("type")
     if kind == "url":
         return _url_source(source, fail)
+    if kind == "file":
+        return _file_source(source, fail)
     if kind != "base64":
-        raise fail(f"an image source is 'base64' or 'url', got {kind!r}")
+        raise fail(f"an image source is 'base64', 'url' or 'file', got {kind!r}")
     _only(source, {"type", "media_type", "data"}, "image source", fail)
     media_type = source.get("media_type")
     if media_type not in IMAGE_MEDIA_TYPES:
@@ -149,6 +151,10 @@ def _document_source(
     kind = source.get("type")
     if kind == "url":
         return _url_source(source, fail)
+    if kind == "file":
+        return _file_source(source, fail)
+    if kind == "content":
+        return _content_source(source, deep, fail)
     if kind == "text":
         _only(source, {"type", "media_type", "data"}, "document source", fail)
         if source.get("media_type") != "text/plain":
@@ -158,7 +164,10 @@ def _document_source(
             raise fail("a text document needs non-blank 'data'")
         return dict(source)
     if kind != "base64":
-        raise fail(f"a document source is 'base64' (a PDF), 'text' or 'url', got {kind!r}")
+        raise fail(
+            f"a document source is 'base64' (a PDF), 'text', 'content', 'url' or 'file', "
+            f"got {kind!r}"
+        )
     _only(source, {"type", "media_type", "data"}, "document source", fail)
     if source.get("media_type") != "application/pdf":
         raise fail(
@@ -202,6 +211,34 @@ def _url_source(source: dict[str, Any], fail: Callable[[str], Exception]) -> dic
     if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", url):
         raise fail(f"the source's url {url!r} is not an http or https URL")
     return dict(source)
+
+
+def _file_source(source: dict[str, Any], fail: Callable[[str], Exception]) -> dict[str, Any]:
+    _only(source, {"type", "file_id"}, "file source", fail)
+    if not isinstance(source.get("file_id"), str) or not source["file_id"]:
+        raise fail("a file source needs a 'file_id'")
+    return dict(source)
+
+
+def _content_source(
+    source: dict[str, Any], deep: bool, fail: Callable[[str], Exception]
+) -> dict[str, Any]:
+    """A document made of blocks: a str, or a list of text and image blocks."""
+    _only(source, {"type", "content"}, "content source", fail)
+    inner = source.get("content")
+    if isinstance(inner, str) and inner.strip():
+        return dict(source)
+    if not isinstance(inner, list) or not inner:
+        raise fail("a content source needs a non-blank str or a list of blocks")
+    checked = []
+    for i, block in enumerate(inner):
+        if not isinstance(block, dict) or block.get("type") not in ("text", "image"):
+            raise fail(f"content {i} of a content source is a text or an image block")
+        try:
+            checked.append(check_block(block, f"content {i}", deep=deep))
+        except InvalidContentError as exc:
+            raise fail(str(exc)) from None
+    return {**source, "content": checked}
 
 
 def _only(

@@ -291,14 +291,15 @@ def test_a_bad_block_in_the_log_is_left_out_with_a_note_not_sent():
     record = LogRecord(
         id="1-0",
         event=Message(
-            payload="see", content=[{"type": "image", "source": {"type": "file", "file_id": "f"}}]
+            payload="see", content=[{"type": "image", "source": {"type": "s3", "key": "f"}}]
         ),
     )
     assert render_input(record) == [
         {"type": "text", "text": "see"},
         {
             "type": "text",
-            "text": "[an attachment was left out: content[0]: an image source is 'base64' or 'url', got 'file']",
+            "text": "[an attachment was left out: content[0]: an image source is 'base64', 'url' or "
+            "'file', got 's3']",
         },
     ]
 

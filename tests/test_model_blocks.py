@@ -32,7 +32,8 @@ from wakeful import (
     define_agent,
     define_tool,
 )
-from wakeful.blocks import MAX_IMAGE_BYTES, check_tool_name, model_blocks
+from wakeful.blocks import check_tool_name, model_blocks
+from wakeful.content_blocks import MAX_IMAGE_BYTES
 from wakeful.errors import InvalidBlockError, ToolContractError
 from wakeful.events import RunFailedNote
 from wakeful.history import WITHDRAWN
@@ -131,7 +132,9 @@ async def test_an_svg_image_is_a_tool_bug_and_never_poisons_the_conversation(clu
     server = Server(render_call(), answer("Back to work."))
     rt = await cluster.runtime(painter_app(server, SVG, "image/svg+xml", one_image))
 
-    with pytest.raises(RunFailedError, match=r"image/svg\+xml.* is not accepted") as failed:
+    with pytest.raises(
+        RunFailedError, match=r"image/svg\+xml.* is not one the API takes"
+    ) as failed:
         await rt.ask(URL, "Draw a dot.")
     assert failed.value.status == "failed"
     assert len(server.requests) == 1  # the bad block was never sent
@@ -194,7 +197,7 @@ def test_a_tool_name_must_meet_the_api_rule():
 @pytest.mark.parametrize(
     ("content", "why"),
     [
-        (image(SVG, "image/svg+xml"), "media type 'image/svg\\+xml' is not accepted"),
+        (image(SVG, "image/svg+xml"), "media type 'image/svg\\+xml' is not one the API takes"),
         (image(SVG, "image/png"), "the data is not a image/png image"),
         (image(PNG, "image/jpeg"), "not a image/jpeg image"),
         (
@@ -202,18 +205,21 @@ def test_a_tool_name_must_meet_the_api_rule():
                 "type": "image",
                 "source": {"type": "base64", "media_type": "image/png", "data": "@@"},
             },
-            "not valid base64",
+            "is not base64",
         ),
-        (image(b"\x89PNG\r\n\x1a\n" + bytes(MAX_IMAGE_BYTES), "image/png"), "over the limit"),
-        ({"type": "image", "source": {"type": "url", "url": "ftp://x"}}, "http\\(s\\) 'url'"),
-        ({"type": "text", "text": "   "}, "non-blank string"),
+        (image(b"\x89PNG\r\n\x1a\n" + bytes(MAX_IMAGE_BYTES), "image/png"), "over the API's"),
+        (
+            {"type": "image", "source": {"type": "url", "url": "ftp://x"}},
+            "not an http or https URL",
+        ),
+        ({"type": "text", "text": "   "}, "non-blank 'text'"),
         ([{"type": "text", "text": "ok"}, {"type": "tool_use"}], "block 1 has type 'tool_use'"),
         (
             {
                 "type": "document",
                 "source": {"type": "base64", "media_type": "text/html", "data": "eA=="},
             },
-            "must be application/pdf",
+            "a base64 document is an 'application/pdf'",
         ),
         (
             {
