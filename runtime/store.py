@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import BusyLoadingError, NoPermissionError, ResponseError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    NoPermissionError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
@@ -33,9 +42,10 @@ from .errors import (
     FencedError,
     OwnerChangedError,
     RedisFullError,
+    ReplicaWaitError,
     TargetMissingError,
 )
-from .keys import GROUP, Keyspace, identity_text
+from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .replies import EntityMeta, Entry, as_str, stream_entries
 from .schedule_store import ScheduleStore
 from .script_runner import (
@@ -97,16 +107,26 @@ log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
 
 # Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too), or
-# full (at maxmemory, nothing written): callers retry later, nothing is lost.
+# full (at maxmemory, nothing written): callers retry later, nothing is lost. On a
+# cluster also: a failover or a slot migration under way (CLUSTERDOWN, MASTERDOWN,
+# TRYAGAIN, and MOVED / ASK left over after the redirections routing.py follows), a
+# slot no node serves yet, and a write its replicas did not confirm in time.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
     RedisFullError,
+    ClusterDownError,  # MasterDownError too
+    ClusterError,
+    TryAgainError,
+    AskError,  # MovedError too
+    SlotNotCoveredError,
+    ReplicaWaitError,
 )
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
+CLUSTER_POLL_S = 0.005  # on a cluster, an empty inbox read is repeated this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +195,21 @@ def _pointer(
     return BadItem(partition, "pointer", keys.inbox(partition), item, reason, detail)
 
 
+def _check_layout(prefix: str, layout: str) -> None:
+    """Refuse a keyspace whose keys are laid out otherwise than this version's."""
+    if layout == LAYOUT:
+        return
+    old = "tags {pN} without the prefix" if layout == "1" else f"layout {layout!r}"
+    raise ConfigError(
+        f"keyspace {prefix!r} was written with another key layout ({old}) than this "
+        f"version of Wakeful reads (layout {LAYOUT}: tags {{{prefix}:pN}}, so that "
+        "partitions spread over a cluster's masters); its data cannot be read in place. "
+        "Start on a new keyspace (set WAKEFUL_PREFIX to a new prefix), or run the "
+        "Wakeful version that wrote it, `wakeful export` what you need, and delete the "
+        f"old keys ({prefix}:*)"
+    )
+
+
 def _timer(keys: Keyspace, partition: int, member: bytes) -> tuple[int, str] | BadItem:
     """A due timer member of ``partition`` (``<url>|<incarnation>|<id>``), or why not."""
     reason = ""
@@ -201,11 +236,20 @@ class Store(EntityReads, ScheduleStore):
     recurring schedules in :class:`~wakeful.schedule_store.ScheduleStore`.
     """
 
-    def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
-        super().__init__(redis, keys)
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keyspace,
+        *,
+        idempotency_ttl_ms: int,
+        replica_wait: int = 0,
+        replica_wait_ms: int = 1000,
+    ) -> None:
+        super().__init__(redis, keys, replica_wait=replica_wait, replica_wait_ms=replica_wait_ms)
         self.idempotency_ttl_ms = idempotency_ttl_ms
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
+        self._read_failures = Refusals(log, logging.WARNING)
 
     # -- setup ---------------------------------------------------------------
 
@@ -242,10 +286,14 @@ class Store(EntityReads, ScheduleStore):
         ``wait_for_redis`` (a worker) also while Redis cannot be reached."""
         await self._until_loaded(wait_for_redis)
         # Read first: a client of a full Redis (at maxmemory) starts without a write.
-        stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
-        if not stored:
-            await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
-            stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
+        config = self.keys.config
+        partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        if not partitions:  # a new keyspace: the first process to get here sets it up
+            await self.redis.hsetnx(config, "layout", LAYOUT)
+            await self.redis.hsetnx(config, "partitions", self.keys.partitions)
+            partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        _check_layout(self.keys.prefix, as_str(layout) if layout else "1")
+        stored = int(partitions or 0)
         if stored != self.keys.partitions:
             raise ConfigError(
                 f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
@@ -310,6 +358,7 @@ class Store(EntityReads, ScheduleStore):
                 len(events),
                 *(x for pair in events for x in pair),
             ],
+            durable=True,
         )
         code, event_id, created_id = int(reply[0]), as_str(reply[1]), as_str(reply[2])
         if code == -1:
@@ -377,8 +426,8 @@ class Store(EntityReads, ScheduleStore):
         k = self.keys
         p = k.partition(url)
         flat_fields = [x for pair in (fields or {}).items() for x in pair]
-        reply = await self._run(
-            COMMIT,
+        reply = await self._commit(
+            url,
             [
                 k.lease(p),
                 k.log(url),
@@ -421,6 +470,16 @@ class Store(EntityReads, ScheduleStore):
         if status == "UNNOTIFIED":
             self._notice_refused(url, "commit")
         return [as_str(i) for i in reply[1:]]
+
+    async def _commit(self, url: str, keys: list[str], args: list[Any]) -> Any:
+        """The COMMIT script, durable: with the replica wait on, it returns once the
+        replicas confirmed it. A shortfall is logged, not raised: the commit is applied
+        on the master, and a wake that failed on it would only run again."""
+        try:
+            return await self._run(COMMIT, keys, args, durable=True)
+        except ReplicaWaitError as exc:
+            log.warning("commit of %s: %s", url, exc)
+            return exc.reply
 
     def _notice_refused(self, url: str, what: str) -> None:
         """A script applied its writes but Redis refused its idle notice (see ``notify``
@@ -489,10 +548,12 @@ class Store(EntityReads, ScheduleStore):
         self, partitions: list[int], now_ms: int, limit: int = 100
     ) -> list[tuple[int, str] | BadItem]:
         """Due timers as ``(partition, member)``; a malformed member as a :class:`BadItem`."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in partitions:
-            pipe.zrangebyscore(self.keys.timers(p), "-inf", now_ms, start=0, num=limit)
-        replies = await pipe.execute()
+        replies = await self._per_partition(
+            partitions,
+            lambda pipe, p: pipe.zrangebyscore(
+                self.keys.timers(p), "-inf", now_ms, start=0, num=limit
+            ),
+        )
         return [
             _timer(self.keys, p, m)
             for p, members in zip(partitions, replies, strict=True)
@@ -500,10 +561,9 @@ class Store(EntityReads, ScheduleStore):
         ]
 
     async def next_timer_ms(self, partitions: list[int]) -> int | None:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in partitions:
-            pipe.zrange(self.keys.timers(p), 0, 0, withscores=True)
-        replies = await pipe.execute()
+        replies = await self._per_partition(
+            partitions, lambda pipe, p: pipe.zrange(self.keys.timers(p), 0, 0, withscores=True)
+        )
         dues = [int(score) for reply in replies for _, score in reply]
         return min(dues) if dues else None
 
@@ -613,8 +673,11 @@ class Store(EntityReads, ScheduleStore):
         return as_str(value) if value else None
 
     async def ensure_group(self, partition: int) -> None:
+        key = self.keys.inbox(partition)
         try:
-            await self.redis.xgroup_create(self.keys.inbox(partition), GROUP, id="0", mkstream=True)
+            await self._in_slot(
+                key, lambda pipe: pipe.xgroup_create(key, GROUP, "0", mkstream=True)
+            )
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -622,6 +685,8 @@ class Store(EntityReads, ScheduleStore):
     async def read_inbox(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
     ) -> list[Pointer | BadItem]:
+        if self.router is not None:
+            return await self._read_inboxes_by_node(partitions, consumer, count, block_ms)
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
@@ -637,6 +702,48 @@ class Store(EntityReads, ScheduleStore):
             if fields
         ]
 
+    async def _read_inboxes_by_node(
+        self, partitions: list[int], consumer: str, count: int, block_ms: int
+    ) -> list[Pointer | BadItem]:
+        """On a cluster: one XREADGROUP per partition (a read of several slots is
+        CROSSSLOT even on one node), one pipeline per master, the masters in parallel.
+        A node that fails costs only its partitions' pointers this round (logged, and
+        :class:`NodeReadError` if every node failed); when no partition had a pointer,
+        poll again after :data:`CLUSTER_POLL_S`, up to ``block_ms``."""
+        assert self.router is not None
+        deadline = time.monotonic() + max(block_ms, 1) / 1000
+        while True:
+            replies = await self.router.per_node(
+                {p: self.keys.inbox(p) for p in partitions},
+                lambda pipe, p: pipe.xreadgroup(GROUP, consumer, {self.keys.inbox(p): ">"}, count),
+            )
+            out: list[Pointer | BadItem] = []
+            failed: list[tuple[int, Exception]] = []
+            for p, reply in replies.items():
+                if isinstance(reply, Exception):
+                    failed.append((p, reply))
+                    continue
+                out.extend(
+                    _pointer(self.keys, p, entry_id, fields)
+                    for _, entries in (reply or [])
+                    for entry_id, fields in entries
+                    if fields
+                )
+            nogroup = [p for p, exc in failed if "NOGROUP" in str(exc)]
+            for p in nogroup:
+                await self.ensure_group(p)
+            failed = [(p, exc) for p, exc in failed if p not in nogroup]
+            if failed:
+                if len(failed) == len(partitions):
+                    raise failed[0][1]
+                self._read_failures.report(
+                    f"reading the inboxes of partitions {sorted(p for p, _ in failed)} failed "
+                    f"({failed[0][1]}); the other partitions are read on"
+                )
+            if out or time.monotonic() >= deadline:
+                return out
+            await asyncio.sleep(CLUSTER_POLL_S)
+
     async def claim_pending(
         self, partition: int, consumer: str, min_idle_ms: int, count: int = 1000
     ) -> list[Pointer | BadItem]:
@@ -645,8 +752,11 @@ class Store(EntityReads, ScheduleStore):
         out: list[Pointer | BadItem] = []
         start = "0-0"
         while True:
-            reply = await self.redis.xautoclaim(
-                key, GROUP, consumer, min_idle_ms, start_id=start, count=count
+            reply = await self._in_slot(
+                key,
+                lambda pipe, start=start: pipe.xautoclaim(  # type: ignore[misc]
+                    key, GROUP, consumer, min_idle_ms, start_id=start, count=count
+                ),
             )
             next_start, entries = as_str(reply[0]), reply[1]
             out.extend(

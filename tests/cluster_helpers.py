@@ -1,0 +1,198 @@
+"""A real local Redis Cluster for the cluster tests: 3 masters and 3 replicas on free
+loopback ports, started and torn down by :class:`LocalCluster`.
+
+Every node runs with ``--cluster-node-timeout 1000`` (a dead master is failed over in
+about two seconds) and ``--repl-diskless-sync-delay 0`` (a replica syncs at once; with
+the default delay a master killed early has no replica in sync and is never replaced).
+:meth:`LocalCluster.start` returns once every replica reports ``master_link_status:up``.
+
+Run as a script (``python tests/cluster_helpers.py``), it starts a cluster, prints its
+``redis+cluster://`` URL and keeps it up until interrupted (for the benchmark by hand).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+NODE_TIMEOUT_MS = 1000
+START_TIMEOUT_S = 60.0
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` free loopback ports whose cluster bus ports (+10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def wait_until(condition: object, timeout_s: float, what: str, step_s: float = 0.05) -> None:
+    """Poll ``condition()`` until it is true; raise TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except (redis.RedisError, OSError) as exc:
+            last = exc
+        time.sleep(step_s)
+    raise TimeoutError(f"{what} within {timeout_s:.0f} s (last error: {last})")
+
+
+@dataclass
+class Node:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=2)
+
+
+@dataclass
+class LocalCluster:
+    """A 6-node cluster (3 masters, 3 replicas) in a temporary directory."""
+
+    masters: int = 3
+    replicas_per_master: int = 1
+    extra_args: list[str] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    directory: str = ""
+
+    @property
+    def url(self) -> str:
+        seeds = ",".join(f"127.0.0.1:{n.port}" for n in self.alive()[:3])
+        return f"redis+cluster://{seeds}"
+
+    def alive(self) -> list[Node]:
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def start(self) -> LocalCluster:
+        total = self.masters * (1 + self.replicas_per_master)
+        self.directory = tempfile.mkdtemp(prefix="wakeful-cluster-")
+        for port in free_ports(total):
+            workdir = os.path.join(self.directory, str(port))
+            os.makedirs(workdir)
+            args = [
+                shutil.which("redis-server") or "redis-server",
+                "--port", str(port),
+                "--bind", "127.0.0.1",
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                "--repl-diskless-sync-delay", "0",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", workdir,
+                "--logfile", os.path.join(workdir, "redis.log"),
+                *self.extra_args,
+            ]  # fmt: skip
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.nodes.append(Node(port, proc))
+        try:
+            for node in self.nodes:
+                wait_until(node.client().ping, 10, f"redis-server on port {node.port} answers")
+            create = [
+                shutil.which("redis-cli") or "redis-cli",
+                "--cluster", "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas", str(self.replicas_per_master),
+                "--cluster-yes",
+            ]  # fmt: skip
+            subprocess.run(create, check=True, capture_output=True, timeout=60)
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until every live node says ``cluster_state:ok`` and every live replica's link
+        to its master is up."""
+
+        def healthy() -> bool:
+            for node in self.alive():
+                c = node.client()
+                if c.cluster("INFO").get("cluster_state") != "ok":  # type: ignore[union-attr]
+                    return False
+                info = c.info("replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+            return True
+
+        wait_until(healthy, timeout_s, "the cluster is healthy with every replica in sync")
+
+    def role(self, node: Node) -> str:
+        return str(node.client().info("replication")["role"])
+
+    def primaries(self) -> list[Node]:
+        return [n for n in self.alive() if self.role(n) == "master"]
+
+    def node_of_slot(self, slot: int) -> Node:
+        """The live master serving ``slot`` (as the nodes themselves say)."""
+        for node in self.primaries():
+            for start, end, *_ in node.client().execute_command("CLUSTER SLOTS"):
+                if start <= slot <= end and int(_[0][1]) == node.port:
+                    return node
+        raise LookupError(f"no live master serves slot {slot}")
+
+    def kill(self, node: Node) -> None:
+        """``kill -9`` one node."""
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(10)
+
+    def wait_promoted(self, dead: Node, timeout_s: float = 30.0) -> None:
+        """Until a replica of ``dead`` is a master and every live node agrees the cluster
+        is ok again."""
+        self.wait_healthy_state(timeout_s)
+
+    def wait_healthy_state(self, timeout_s: float = 30.0) -> None:
+        def ok() -> bool:
+            return all(
+                n.client().cluster("INFO").get("cluster_state") == "ok"  # type: ignore[union-attr]
+                for n in self.alive()
+            )
+
+        wait_until(ok, timeout_s, "the cluster state is ok on every live node")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGKILL)
+        for node in self.nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(10)
+        self.nodes.clear()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    cluster = LocalCluster().start()
+    print(cluster.url, flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
