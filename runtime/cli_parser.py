@@ -15,7 +15,7 @@ USAGE = 2  # argparse
 RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
 SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
 TIMED_OUT = 5  # ask: not idle within --timeout
-UNREACHABLE = 6  # Redis did not answer
+UNREACHABLE = 6  # Redis did not answer (or a cluster is failing over: see cli.CLUSTER_ERRORS)
 INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 

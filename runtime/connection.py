@@ -115,7 +115,8 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     first = f"{userinfo}{at}{hosts.split(',')[0]}"
     options = parse_url(urlunsplit((parts.scheme, first, "", parts.query, "")))
     options.pop("db", None)
-    if options.pop("connection_class", None) is SSLConnection:
+    options.pop("connection_class", None)  # redis-py's sync class for rediss://
+    if parts.scheme == "rediss":
         options["ssl"] = True
     options.pop("host", None)
     options.pop("port", None)

@@ -64,6 +64,7 @@ def wait_until(condition: object, timeout_s: float, what: str, step_s: float = 0
 class Node:
     port: int
     proc: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=2)
@@ -108,7 +109,7 @@ class LocalCluster:
                 *self.extra_args,
             ]  # fmt: skip
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.nodes.append(Node(port, proc))
+            self.nodes.append(Node(port, proc, args))
         try:
             for node in self.nodes:
                 wait_until(node.client().ping, 10, f"redis-server on port {node.port} answers")
@@ -156,14 +157,22 @@ class LocalCluster:
                     return node
         raise LookupError(f"no live master serves slot {slot}")
 
+    def replica_of(self, master: Node) -> Node:
+        for node in self.alive():
+            info = node.client().info("replication")
+            if info["role"] == "slave" and int(info["master_port"]) == master.port:
+                return node
+        raise LookupError(f"the master on port {master.port} has no live replica")
+
     def kill(self, node: Node) -> None:
         """``kill -9`` one node."""
         node.proc.send_signal(signal.SIGKILL)
         node.proc.wait(10)
 
-    def wait_promoted(self, dead: Node, timeout_s: float = 30.0) -> None:
-        """Until a replica of ``dead`` is a master and every live node agrees the cluster
-        is ok again."""
+    def wait_promoted(self, replica: Node, timeout_s: float = 60.0) -> None:
+        """Until ``replica`` (of a killed master) is a master and every live node says
+        the cluster is ok (right after a kill the state is still ok: wait for both)."""
+        wait_until(lambda: self.role(replica) == "master", timeout_s, "the replica is promoted")
         self.wait_healthy_state(timeout_s)
 
     def wait_healthy_state(self, timeout_s: float = 30.0) -> None:
@@ -174,6 +183,15 @@ class LocalCluster:
             )
 
         wait_until(ok, timeout_s, "the cluster state is ok on every live node")
+
+    def restart(self, node: Node) -> None:
+        """Start a killed node again (same port and directory): it rejoins the cluster,
+        as a replica of whoever took its slots over; returns once it is in sync."""
+        node.proc = subprocess.Popen(
+            node.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_until(node.client().ping, 10, f"redis-server on port {node.port} answers")
+        self.wait_healthy()
 
     def stop(self) -> None:
         for node in self.nodes:
