@@ -300,8 +300,11 @@ async def test_with_the_replica_wait_an_acknowledged_send_survives_kill_9_of_its
     acknowledged = []
     await client.send(url, 1, idempotency_key="m1")
     acknowledged.append(1)
-    os.kill(replica.proc.pid, signal.SIGSTOP)  # replication stalls
+    # Replication stalls: the replica stopped, and its link cut, so that nothing written
+    # from now on reaches it (even into its socket buffer).
+    os.kill(replica.proc.pid, signal.SIGSTOP)
     try:
+        master.client().client_kill_filter(_type="replica")
         try:
             await client.send(url, 2, idempotency_key="m2")
             acknowledged.append(2)
