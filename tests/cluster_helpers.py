@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -214,3 +215,118 @@ if __name__ == "__main__":
         pass
     finally:
         cluster.stop()
+
+
+# -- the same-slot check of a fakeredis run ---------------------------------------------
+
+
+def _command_table() -> dict[str, tuple[int, int, int]]:
+    """fakeredis's command table: name -> (first key, last key, step), as COMMAND says."""
+    import json
+
+    import fakeredis
+
+    path = os.path.join(os.path.dirname(fakeredis.__file__), "commands.json")
+    with open(path) as f:
+        table = json.load(f)
+    out = {name: (spec[3], spec[4], spec[5]) for name, spec in table.items()}
+    # The table stops at the first key of these; Redis's COMMAND says every argument.
+    for name in ("del", "unlink", "exists", "mget", "touch", "watch", "sinter", "sunion"):
+        out[name] = (1, -1, 1)
+    for name in ("sdiff", "pfcount", "pfmerge", "sinterstore", "sunionstore", "sdiffstore"):
+        out[name] = (1, -1, 1)
+    out["mset"] = out["msetnx"] = (1, -1, 2)
+    return out
+
+
+_COMMANDS: dict[str, tuple[int, int, int]] = {}
+SCRIPT_COMMANDS = {b"eval", b"evalsha", b"eval_ro", b"evalsha_ro", b"fcall", b"fcall_ro"}
+
+
+def command_keys(fields: list[bytes]) -> list[bytes]:
+    """The keys a command names (what a Redis Cluster hashes to route it)."""
+    if not _COMMANDS:
+        _COMMANDS.update(_command_table())
+    name = fields[0].lower()
+    if name in SCRIPT_COMMANDS:
+        return list(fields[3 : 3 + int(fields[2])])
+    if name in (b"xread", b"xreadgroup"):
+        lowered = [f.lower() for f in fields]
+        rest = fields[lowered.index(b"streams") + 1 :]
+        return list(rest[: len(rest) // 2])
+    spec = None
+    if len(fields) > 1:
+        spec = _COMMANDS.get(f"{name.decode()} {fields[1].lower().decode(errors='replace')}")
+    spec = spec or _COMMANDS.get(name.decode(errors="replace"))
+    if not spec or spec[0] <= 0:
+        return []
+    first, last, step = spec
+    last = len(fields) + last if last < 0 else last
+    return list(fields[first : last + 1 : max(step, 1)])
+
+
+def single_node_only(fields: list[bytes], keys: list[bytes]) -> bool:
+    """Commands that may span slots because Wakeful never sends them to a cluster:
+    the one XREADGROUP over every owned inbox of the single-node path
+    (``Store.read_inbox``; on a cluster it reads per partition, one pipeline per
+    master, which the cluster tests run), and a test's own clean-up (``DEL`` /
+    ``UNLINK`` of many keys: Wakeful deletes only inside its scripts)."""
+    name = fields[0].lower()
+    if name in (b"del", b"unlink"):
+        return True
+    return name == b"xreadgroup" and all(k.endswith(b":inbox") for k in keys)
+
+
+class SlotCheck:
+    """Records every command of a fakeredis server whose keys hash to more than one
+    cluster slot, and every command a script runs on a key outside its own slot.
+    :meth:`install` patches fakeredis (once per process); :attr:`violations` is what
+    was seen since the last :meth:`reset`."""
+
+    violations: list[str] = []
+    _script_slot: int | None = None
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        from fakeredis._socket._base import BaseFakeSocket
+        from fakeredis.commands_mixins.scripting_mixin import ScriptingCommandsMixin
+        from redis.crc import key_slot
+
+        process, lua_call = BaseFakeSocket._process_command, ScriptingCommandsMixin._lua_redis_call
+
+        def checked_process(self: Any, fields: list[bytes]) -> None:
+            keys = command_keys(fields) if fields else []
+            slots = {key_slot(k) for k in keys}
+            if len(slots) > 1 and not single_node_only(fields, keys):
+                cls.violations.append(f"{fields[0]!r} over slots {sorted(slots)}: {keys!r}")
+            scripted = bool(fields) and fields[0].lower() in SCRIPT_COMMANDS
+            outer, cls._script_slot = (
+                cls._script_slot,
+                (slots.pop() if scripted and slots else None),
+            )
+            try:
+                process(self, fields)
+            finally:
+                cls._script_slot = outer
+
+        def checked_lua_call(self: Any, runtime: Any, expected: Any, op: bytes, *args: Any) -> Any:
+            if cls._script_slot is not None:
+                fields = [op, *(a if isinstance(a, bytes) else str(a).encode() for a in args)]
+                for key in command_keys(fields):
+                    if key_slot(key) != cls._script_slot:
+                        cls.violations.append(
+                            f"a script's {op!r} on {key!r} outside its slot {cls._script_slot}"
+                        )
+            return lua_call(self, runtime, expected, op, *args)
+
+        BaseFakeSocket._process_command = checked_process  # type: ignore[method-assign]
+        ScriptingCommandsMixin._lua_redis_call = checked_lua_call  # type: ignore[method-assign]
+        cls._installed = True
+
+    @classmethod
+    def reset(cls) -> list[str]:
+        seen, cls.violations = cls.violations, []
+        return seen

@@ -20,6 +20,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
+from tests.cluster_helpers import SlotCheck
 from wakeful import Registry, Runtime, Settings
 from wakeful.connection import connect
 
@@ -36,6 +37,19 @@ class _SourceFoldersAreNotPackages(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _SourceFoldersAreNotPackages())
+
+
+@pytest.fixture(autouse=True)
+def same_slot_check() -> Iterator[None]:
+    """Every command that reaches a fakeredis server (the fake backend, the embedded
+    runtime) must name keys of one cluster slot only, and every script may touch its
+    own slot only: what a Redis Cluster refuses (CROSSSLOT) fails the test here."""
+    SlotCheck.install()
+    SlotCheck.reset()
+    yield
+    if seen := SlotCheck.reset():
+        pytest.fail(f"commands over several cluster slots: {seen[:5]}")
+
 
 REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 BACKENDS = ["fake", "redis"]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from tests.cluster_helpers import LocalCluster
+from tests.cluster_helpers import LocalCluster, SlotCheck
 from wakeful import HandlerContext, Registry, Runtime, Settings
 from wakeful.connection import connect, is_cluster, parse_cluster_url
 from wakeful.errors import ConfigError, ReplicaWaitError
@@ -322,3 +322,17 @@ async def test_with_the_replica_wait_an_acknowledged_send_survives_kill_9_of_its
         except Exception:
             await asyncio.sleep(0.1)
     assert set(acknowledged) <= set(found), (acknowledged, found)
+
+
+async def test_the_same_slot_check_catches_keys_of_one_script_in_two_slots(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check every fakeredis test runs under (conftest ``same_slot_check``) is live:
+    without the hash tag, one send's keys spread over several slots, and it says so."""
+    if cluster.backend != "fake":
+        pytest.skip("the check watches fakeredis")
+    monkeypatch.setattr(Keyspace, "tag", lambda self, p: f"{self.prefix}:p{p}")
+    rt = await cluster.runtime(Recorder().registry(), run_worker=False)
+    await rt.send("/echo/a", 1)
+    seen = SlotCheck.reset()
+    assert any("EVALSHA" in v and "slots" in v for v in seen), seen
