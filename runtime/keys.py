@@ -50,6 +50,8 @@ key                                         what
 ``<prefix>:idle:<url>``                     pub/sub: the entity's commits changed its
                                             progress (waiters re-check its status)
 ``<prefix>:cancel:<url>``                   pub/sub: cancel the entity's running run
+``<prefix>:{T}:cancel``                     the same on a Redis Cluster: a shard channel
+                                            per partition (message ``<url>\n<reason>``)
 ==========================================  =========================================
 """
 
@@ -123,6 +125,11 @@ class Keyspace:
 
     def cancel_channel(self, url: str) -> str:
         return f"{self.prefix}:cancel:{url}"
+
+    def cancel_shard(self, partition: int) -> str:
+        """On a Redis Cluster: the partition's shard channel of cancel requests
+        (``SPUBLISH``, message ``<url>\n<reason>``), in the partition's slot."""
+        return f"{self.tag(partition)}:cancel"
 
     def snap(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:snap:{url}"

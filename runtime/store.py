@@ -11,9 +11,10 @@ subscribed in ``notices.py``). The data path is: client ->
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -47,6 +48,7 @@ from .errors import (
 )
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .replies import EntityMeta, Entry, as_str, stream_entries
+from .routing import Router
 from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
@@ -127,6 +129,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
 CLUSTER_POLL_S = 0.005  # on a cluster, an empty inbox read is repeated this much later
+CANCEL_POLL_S = 0.01  # on a cluster, the cancel subscriptions are looked at this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,8 +374,16 @@ class Store(EntityReads, ScheduleStore):
 
     async def publish_cancel(self, url: str, reason: str) -> None:
         """Tell the worker running ``url`` (if any) to stop its run now. A Redis user
-        without the right to is logged, not raised: the cancel request is in the log."""
+        without the right to is logged, not raised: the cancel request is in the log.
+        On a cluster: on the partition's shard channel (see :class:`ShardedCancels`)."""
         try:
+            if self.router is not None:
+                channel = self.keys.cancel_shard(self.keys.partition(url))
+                message = f"{url}\n{reason}"
+                await self._in_slot(
+                    channel, lambda pipe: pipe.execute_command("SPUBLISH", channel, message)
+                )
+                return
             await self.redis.publish(self.keys.cancel_channel(url), reason)
         except NoPermissionError:
             refused = missing_right(
@@ -819,9 +830,14 @@ class Store(EntityReads, ScheduleStore):
                 out.append({"partition": str(p), "id": entry_id, **row})
         return out
 
-    def cancel_requests(self) -> CancelRequests:
+    def cancel_requests(
+        self, partitions: Callable[[], list[int]] = list
+    ) -> CancelRequests | ShardedCancels:
         """A subscription to every entity's cancel channel (``rt.cancel`` publishes there);
-        use it as ``async with store.cancel_requests() as requests``."""
+        use it as ``async with store.cancel_requests() as requests``. On a cluster: to
+        the shard channels of ``partitions()`` (the held ones), kept up to date."""
+        if self.router is not None:
+            return ShardedCancels(self.router, self.keys, partitions)
         return CancelRequests(self.redis.pubsub(), self.keys.cancel_channel(""))
 
 
@@ -856,3 +872,78 @@ class CancelRequests:
         url = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
         reason = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
         return url[len(self._prefix) :], reason
+
+
+class ShardedCancels:
+    """The worker's cancel subscription on a Redis Cluster: one shard channel per held
+    partition (``SSUBSCRIBE``, in the partition's slot, so on its master: a cancel is
+    not broadcast over the cluster bus), on one pub/sub connection per master.
+    Subscribed when a partition is held and dropped when it is not (each :meth:`next`
+    brings the subscriptions up to date); a node that fails loses only its partitions'
+    subscriptions, which are made again on the node that serves them next."""
+
+    def __init__(self, router: Router, keys: Keyspace, partitions: Callable[[], list[int]]):
+        self._router = router
+        self._keys = keys
+        self._partitions = partitions
+        self._subs: dict[str, Any] = {}  # node -> its pub/sub
+        self._where: dict[int, str] = {}  # partition -> the node it is subscribed on
+
+    async def __aenter__(self) -> ShardedCancels:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for node in list(self._subs):
+            await self._drop(node)
+
+    async def _drop(self, node: str) -> None:
+        pubsub = self._subs.pop(node, None)
+        self._where = {p: n for p, n in self._where.items() if n != node}
+        if pubsub is not None:
+            with contextlib.suppress(Exception):  # the connection is gone already
+                await pubsub.aclose()
+
+    async def _sync(self) -> None:
+        wanted = set(self._partitions())
+        for p, node in list(self._where.items()):
+            channel = self._keys.cancel_shard(p)
+            if p not in wanted or await self._router.node_of(channel) != node:
+                self._where.pop(p)
+                with contextlib.suppress(Exception):
+                    await self._subs[node].execute_command("SUNSUBSCRIBE", channel)
+        for p in sorted(wanted - self._where.keys()):
+            channel = self._keys.cancel_shard(p)
+            node = await self._router.node_of(channel)
+            pubsub = self._subs.get(node)
+            if pubsub is None:
+                pubsub = self._subs[node] = self._router.client(node).pubsub()
+            try:
+                await pubsub.ssubscribe(channel)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("subscribing to the cancel requests of partition %d failed: %s", p, exc)
+                self._router.stale()
+                await self._drop(node)
+                continue
+            self._where[p] = node
+
+    async def next(self, timeout: float) -> tuple[str, str] | None:
+        """The next cancel request, or None if none came within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        await self._sync()
+        while True:
+            for node, pubsub in list(self._subs.items()):
+                try:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("cancel requests from %s interrupted: %s", node, exc)
+                    self._router.stale()
+                    await self._drop(node)
+                    continue
+                if message is not None and message.get("type") == "smessage":
+                    data = message["data"]
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                    url, _, reason = text.partition("\n")
+                    return url, reason
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(CANCEL_POLL_S)
