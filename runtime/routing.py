@@ -153,10 +153,13 @@ class Router:
             try:
                 return await self.batch(name).execute(stage)
             except MovedError as exc:
+                log.debug("MOVED %s %s:%s", exc.slot_id, exc.host, exc.port)
                 self.moved(exc)
             except AskError as exc:
+                log.debug("ASK %s %s:%s", exc.slot_id, exc.host, exc.port)
                 return await self._asking(f"{exc.host}:{exc.port}", stage)
-            except (TryAgainError, ClusterDownError):
+            except (TryAgainError, ClusterDownError) as exc:
+                log.debug("%s: retrying in %.0f ms", exc, delay * 1000)
                 self.stale()
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX_S, delay * 2)

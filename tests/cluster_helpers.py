@@ -165,6 +165,25 @@ class LocalCluster:
                 return node
         raise LookupError(f"the master on port {master.port} has no live replica")
 
+    def move_slot(self, slot: int, target: Node, pause_s: float = 0.05) -> None:
+        """Move ``slot`` to ``target`` the way ``redis-cli --cluster reshard`` does:
+        IMPORTING / MIGRATING, MIGRATE key by key (``pause_s`` between keys, so that
+        commands meet the slot half moved: ASK, TRYAGAIN), then SETSLOT NODE on every
+        master."""
+        source = self.node_of_slot(slot)
+        if source is target:
+            raise ValueError(f"slot {slot} is on port {target.port} already")
+        src, dst = source.client(), target.client()
+        src_id = src.execute_command("CLUSTER MYID")
+        dst_id = dst.execute_command("CLUSTER MYID")
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1):
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            time.sleep(pause_s)
+        for node in self.primaries():
+            node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+
     def kill(self, node: Node) -> None:
         """``kill -9`` one node."""
         node.proc.send_signal(signal.SIGKILL)

@@ -336,3 +336,55 @@ async def test_the_same_slot_check_catches_keys_of_one_script_in_two_slots(
     await rt.send("/echo/a", 1)
     seen = SlotCheck.reset()
     assert any("EVALSHA" in v and "slots" in v for v in seen), seen
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_resharding_while_messages_flow_loses_and_duplicates_nothing(
+    local_cluster: LocalCluster, runtimes: list[Runtime]
+) -> None:
+    """Two partitions' slots move to another master, key by key, while a client sends
+    to their entities (ASK, TRYAGAIN, then MOVED): every message is in its entity's log
+    once, and each is handled."""
+    recorder = Recorder()
+    s = settings(local_cluster.url)
+    worker_rt = await Runtime(recorder.registry(), settings=s, run_worker=True).start()
+    runtimes.append(worker_rt)
+    client = await Runtime(recorder.registry(), settings=s, run_worker=False).start()
+    runtimes.append(client)
+    assert client.store is not None
+    keys = client.store.keys
+    moving = [1, 2]
+    urls = [url_in(keys, p, i) for p in moving for i in range(3)]
+    sent_to: dict[int, str] = {}
+    acknowledged: set[int] = set()
+    stop = asyncio.Event()
+
+    async def sender() -> None:
+        n = 0
+        while not stop.is_set() or n < 40:
+            url = sent_to[n] = urls[n % len(urls)]
+            while True:
+                try:
+                    await client.send(url, n, idempotency_key=f"m{n}")
+                    break
+                except Exception:
+                    await asyncio.sleep(0.02)
+            acknowledged.add(n)
+            n += 1
+            await asyncio.sleep(0.005)
+
+    sending = asyncio.create_task(sender())
+    for p in moving:
+        slot = key_slot(keys.inbox(p).encode())
+        source = local_cluster.node_of_slot(slot)
+        target = next(n for n in local_cluster.primaries() if n is not source)
+        await asyncio.to_thread(local_cluster.move_slot, slot, target)
+        assert local_cluster.node_of_slot(slot) is target
+    stop.set()
+    await asyncio.wait_for(sending, 60)
+    await recorder.until(lambda: acknowledged <= set(recorder.seen), 60)
+    in_logs: Counter[Any] = Counter()
+    for url in set(sent_to.values()):
+        in_logs.update(await payloads(client.store, url))
+    assert {n: in_logs[n] for n in acknowledged if in_logs[n] != 1} == {}
