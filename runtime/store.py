@@ -888,6 +888,8 @@ class ShardedCancels:
         self._partitions = partitions
         self._subs: dict[str, Any] = {}  # node -> its pub/sub
         self._where: dict[int, str] = {}  # partition -> the node it is subscribed on
+        self._wanted: set[int] | None = None  # the partitions of the last sync
+        self._synced = 0.0  # time.monotonic() of the last sync
 
     async def __aenter__(self) -> ShardedCancels:
         return self
@@ -929,8 +931,13 @@ class ShardedCancels:
     async def next(self, timeout: float) -> tuple[str, str] | None:
         """The next cancel request, or None if none came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        await self._sync()
         while True:
+            wanted = set(self._partitions())
+            if wanted != self._wanted or (  # acquired or released one; or a retry is due
+                wanted != self._where.keys() and time.monotonic() - self._synced >= 0.5
+            ):
+                self._wanted, self._synced = wanted, time.monotonic()
+                await self._sync()
             for node, pubsub in list(self._subs.items()):
                 try:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)

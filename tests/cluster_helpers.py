@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -303,7 +304,7 @@ class SlotCheck:
     was seen since the last :meth:`reset`."""
 
     violations: list[str] = []
-    _script_slot: int | None = None
+    _running = threading.local()  # .slot: the slot of the script this thread runs
     _installed = False
 
     @classmethod
@@ -322,22 +323,21 @@ class SlotCheck:
             if len(slots) > 1 and not single_node_only(fields, keys):
                 cls.violations.append(f"{fields[0]!r} over slots {sorted(slots)}: {keys!r}")
             scripted = bool(fields) and fields[0].lower() in SCRIPT_COMMANDS
-            outer, cls._script_slot = (
-                cls._script_slot,
-                (slots.pop() if scripted and slots else None),
-            )
+            outer = getattr(cls._running, "slot", None)
+            cls._running.slot = slots.pop() if scripted and slots else None
             try:
                 process(self, fields)
             finally:
-                cls._script_slot = outer
+                cls._running.slot = outer
 
         def checked_lua_call(self: Any, runtime: Any, expected: Any, op: bytes, *args: Any) -> Any:
-            if cls._script_slot is not None:
+            slot = getattr(cls._running, "slot", None)
+            if slot is not None:
                 fields = [op, *(a if isinstance(a, bytes) else str(a).encode() for a in args)]
                 for key in command_keys(fields):
-                    if key_slot(key) != cls._script_slot:
+                    if key_slot(key) != slot:
                         cls.violations.append(
-                            f"a script's {op!r} on {key!r} outside its slot {cls._script_slot}"
+                            f"a script's {op!r} on {key!r} outside its slot {slot}"
                         )
             return lua_call(self, runtime, expected, op, *args)
 

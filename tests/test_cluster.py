@@ -195,7 +195,14 @@ async def test_partitions_spread_over_every_master_and_wakes_run(
         await rt.send(url, i, idempotency_key=f"m{i}")
     await recorder.until(lambda: len(recorder.seen) == 16, 30)
     assert set(recorder.seen.values()) == {1}
-    # a waiting client hears the idle notice; a cancel reaches the worker
+    # a waiting client hears the commit's idle notice (not only its re-checks)
+    notices = rt._notices
+    assert notices is not None
+    channel = keys.idle_channel(urls[0])
+    heard = await notices.watch(channel)
+    await rt.send(urls[0], 99)
+    await asyncio.wait_for(heard.wait(), 10)
+    await notices.unwatch(channel, heard)
     assert (await rt.status(urls[0])).status == "idle"
     assert sorted(rt.worker.leases) == list(range(16))  # type: ignore[union-attr]
 
@@ -388,3 +395,33 @@ async def test_resharding_while_messages_flow_loses_and_duplicates_nothing(
     for url in set(sent_to.values()):
         in_logs.update(await payloads(client.store, url))
     assert {n: in_logs[n] for n in acknowledged if in_logs[n] != 1} == {}
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_a_cancel_reaches_the_running_wake_over_the_partition_shard_channel(
+    local_cluster: LocalCluster, runtimes: list[Runtime]
+) -> None:
+    """``rt.cancel`` is relayed to the worker running the entity over the partition's
+    shard channel, while the wake runs (not only at its next wake)."""
+    started = asyncio.Event()
+    registry = Registry()
+
+    @registry.entity("slow", description="runs a while")
+    async def slow(ctx: HandlerContext) -> None:
+        started.set()
+        await asyncio.sleep(5)
+
+    rt = await Runtime(registry, settings=settings(local_cluster.url), run_worker=True).start()
+    runtimes.append(rt)
+    assert rt.worker is not None
+    relayed: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    relay = rt.worker.runners.cancel
+    rt.worker.runners.cancel = lambda url, reason: (
+        relayed.put_nowait((url, reason)),
+        relay(url, reason),
+    )  # type: ignore[method-assign]
+    await rt.send("/slow/a", "go")
+    await asyncio.wait_for(started.wait(), 30)
+    await rt.cancel("/slow/a", "enough")
+    assert await asyncio.wait_for(relayed.get(), 10) == ("/slow/a", "enough")
