@@ -37,6 +37,9 @@ class Script:
         self.source = source
         self.name = name
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        # On a cluster: the same script ringing the inbox's doorbell (see lua.py).
+        self.cluster_source = source.replace(lua.DOORBELL_MARK, lua.DOORBELL)
+        self.cluster_sha = hashlib.sha1(self.cluster_source.encode()).hexdigest()
 
 
 SEND = Script(lua.SEND, "SEND")
@@ -117,7 +120,7 @@ class ScriptRunner:
         assert self.router is not None
         client = self.router.client(node)
         for script in ALL_SCRIPTS:
-            await client.script_load(script.source)
+            await client.script_load(script.cluster_source)
 
     async def close_routes(self) -> None:
         """Close the per-node clients of a cluster (the cluster client is the caller's)."""
@@ -138,11 +141,12 @@ class ScriptRunner:
         ``durable`` (a send, a commit): with the replica wait on, wait for the replicas
         (see the module docstring); :class:`ReplicaWaitError` if too few confirmed."""
         wait = self.replica_wait if durable else 0
+        sha = script.sha if self.router is None else script.cluster_sha
 
         def stage(pipe: Pipeline) -> None:
             # execute_command, not evalsha: the same call on a node's pipeline and a
             # cluster's (redis-py refuses evalsha in a cluster pipeline)
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
             if wait:
                 pipe.execute_command("WAIT", wait, self.replica_wait_ms)
 

@@ -35,6 +35,7 @@ from redis.typing import KeyT, StreamIdT
 
 from .acl import Refusals, missing_right
 from .connection import block_ms as block_ms_for
+from .doorbell import Doorbell
 from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import (
     ArgsConflictError,
@@ -128,7 +129,6 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
-CLUSTER_POLL_S = 0.005  # on a cluster, an empty inbox read is repeated this much later
 CANCEL_POLL_S = 0.01  # on a cluster, the cancel subscriptions are looked at this often
 
 
@@ -253,6 +253,7 @@ class Store(EntityReads, ScheduleStore):
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
         self._read_failures = Refusals(log, logging.WARNING)
+        self._doorbell = Doorbell(self.router, keys) if self.router is not None else None
 
     # -- setup ---------------------------------------------------------------
 
@@ -303,6 +304,11 @@ class Store(EntityReads, ScheduleStore):
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
+
+    async def close_routes(self) -> None:
+        if self._doorbell is not None:
+            await self._doorbell.aclose()
+        await super().close_routes()
 
     async def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy``; None if it will not say (CONFIG is disabled or
@@ -719,11 +725,12 @@ class Store(EntityReads, ScheduleStore):
         """On a cluster: one XREADGROUP per partition (a read of several slots is
         CROSSSLOT even on one node), one pipeline per master, the masters in parallel.
         A node that fails costs only its partitions' pointers this round (logged, and
-        :class:`NodeReadError` if every node failed); when no partition had a pointer,
-        poll again after :data:`CLUSTER_POLL_S`, up to ``block_ms``."""
-        assert self.router is not None
+        the first error if every node failed); when no partition had a pointer, wait
+        for the doorbell (``doorbell.py``), up to ``block_ms``, and read again."""
+        assert self.router is not None and self._doorbell is not None
         deadline = time.monotonic() + max(block_ms, 1) / 1000
         while True:
+            self._doorbell.clear()  # a ring from now on is kept for the wait below
             replies = await self.router.per_node(
                 {p: self.keys.inbox(p) for p in partitions},
                 lambda pipe, p: pipe.xreadgroup(GROUP, consumer, {self.keys.inbox(p): ">"}, count),
@@ -751,9 +758,10 @@ class Store(EntityReads, ScheduleStore):
                     f"reading the inboxes of partitions {sorted(p for p, _ in failed)} failed "
                     f"({failed[0][1]}); the other partitions are read on"
                 )
-            if out or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if out or left <= 0:
                 return out
-            await asyncio.sleep(CLUSTER_POLL_S)
+            await self._doorbell.wait(partitions, left)
 
     async def claim_pending(
         self, partition: int, consumer: str, min_idle_ms: int, count: int = 1000

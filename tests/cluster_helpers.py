@@ -2,8 +2,9 @@
 loopback ports, started and torn down by :class:`LocalCluster`.
 
 Every node runs with ``--cluster-node-timeout 1000`` (a dead master is failed over in
-about two seconds) and ``--repl-diskless-sync-delay 0`` (a replica syncs at once; with
-the default delay a master killed early has no replica in sync and is never replaced).
+about two seconds), ``--repl-diskless-sync-delay 0`` (a replica syncs at once; with
+the default delay a master killed early has no replica in sync and is never replaced)
+and ``--cluster-require-full-coverage no`` (see README, "Running on Redis Cluster").
 :meth:`LocalCluster.start` returns once every replica reports ``master_link_status:up``.
 
 Run as a script (``python tests/cluster_helpers.py``), it starts a cluster, prints its
@@ -104,6 +105,10 @@ class LocalCluster:
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                 "--repl-diskless-sync-delay", "0",
+                # Healthy masters keep serving their slots while another master's slots
+                # are uncovered (between its failure and its replica's promotion): with
+                # the default (yes) every node answers CLUSTERDOWN meanwhile.
+                "--cluster-require-full-coverage", "no",
                 "--save", "",
                 "--appendonly", "no",
                 "--dir", workdir,

@@ -229,7 +229,9 @@ async def test_failover_loses_no_acknowledged_send_and_healthy_partitions_go_on(
     doomed = {p for p in range(16) if local_cluster.node_of_slot(slot_of[p]) is victim}
     healthy = [p for p in range(16) if p not in doomed]
     replica = local_cluster.replica_of(victim)
-    assert replica.client().script_exists(SEND.sha) == [False]  # SCRIPT LOAD is not replicated
+    assert replica.client().script_exists(SEND.cluster_sha) == [
+        False
+    ]  # SCRIPT LOAD is not replicated
     tokens = {p: worker_rt.worker.leases[p].token for p in healthy}
 
     acknowledged: set[int] = set()
@@ -279,7 +281,7 @@ async def test_failover_loses_no_acknowledged_send_and_healthy_partitions_go_on(
     assert {n: in_logs[n] for n in acknowledged if in_logs[n] != 1} == {}
     assert {p: worker_rt.worker.leases[p].token for p in healthy} == tokens
     assert local_cluster.role(replica) == "master"
-    assert replica.client().script_exists(SEND.sha) == [True]
+    assert replica.client().script_exists(SEND.cluster_sha) == [True]
 
 
 async def payloads(store: Store, url: str) -> list[Any]:
