@@ -148,12 +148,17 @@ class Router:
         """Run ``stage``'s commands (all of ``key``'s slot) on that slot's master through
         its auto-pipeline, following redirections (see the module docstring)."""
         delay = RETRY_BASE_S
+        redirected: str | None = None  # MOVED names the node: the next try goes there
         for _ in range(REDIRECTS):
-            name = await self.node_of(key)
+            name, redirected = redirected or await self.node_of(key), None
             try:
                 return await self.batch(name).execute(stage)
             except MovedError as exc:
                 log.debug("MOVED %s %s:%s", exc.slot_id, exc.host, exc.port)
+                # Not only through the slot map: a refresh that read a node's stale view
+                # (a restarted node before it learns it lost its slots) must not send
+                # the retry back there.
+                redirected = f"{exc.host}:{exc.port}"
                 self.moved(exc)
             except AskError as exc:
                 log.debug("ASK %s %s:%s", exc.slot_id, exc.host, exc.port)

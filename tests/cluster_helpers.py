@@ -295,9 +295,10 @@ def single_node_only(fields: list[bytes], keys: list[bytes]) -> bool:
     the one XREADGROUP over every owned inbox of the single-node path
     (``Store.read_inbox``; on a cluster it reads per partition, one pipeline per
     master, which the cluster tests run), and a test's own clean-up (``DEL`` /
-    ``UNLINK`` of many keys: Wakeful deletes only inside its scripts)."""
+    ``UNLINK`` of many keys, an ``MGET`` of every lease: Wakeful sends neither
+    outside its scripts)."""
     name = fields[0].lower()
-    if name in (b"del", b"unlink"):
+    if name in (b"del", b"unlink", b"mget"):
         return True
     return name == b"xreadgroup" and all(k.endswith(b":inbox") for k in keys)
 

@@ -263,10 +263,11 @@ async def test_failover_loses_no_acknowledged_send_and_healthy_partitions_go_on(
     )
     assert local_cluster.role(replica) == "slave", "the healthy partitions waited for the failover"
 
-    local_cluster.wait_promoted(replica)
+    # in a thread: the worker runs in this event loop and must go on renewing its leases
+    await asyncio.to_thread(local_cluster.wait_promoted, replica)
     # The promoted replica has no replica of its own: sends there wait (ReplicaWaitError,
     # retried) until the killed node is back as its replica.
-    local_cluster.restart(victim)
+    await asyncio.to_thread(local_cluster.restart, victim)
     await asyncio.wait_for(doomed_sends, 60)
     for n in range(96, 160):
         await send(n, urls[n % len(urls)])
@@ -322,7 +323,7 @@ async def test_with_the_replica_wait_an_acknowledged_send_survives_kill_9_of_its
         local_cluster.kill(master)
     finally:
         os.kill(replica.proc.pid, signal.SIGCONT)
-    local_cluster.wait_promoted(replica)
+    await asyncio.to_thread(local_cluster.wait_promoted, replica)
     found: list[Any] = []
     for _ in range(100):  # the client finds the promoted replica
         try:
