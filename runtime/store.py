@@ -24,6 +24,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ClusterError,
+    MovedError,
     NoPermissionError,
     ResponseError,
     SlotNotCoveredError,
@@ -291,7 +292,13 @@ class Store(EntityReads, ScheduleStore):
         await self._until_loaded(wait_for_redis)
         # Read first: a client of a full Redis (at maxmemory) starts without a write.
         config = self.keys.config
-        partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        try:
+            partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        except MovedError as exc:  # a redis:// URL of one node of a cluster
+            raise ConfigError(
+                f"the Redis is a node of a Redis Cluster (it sent the keyspace's settings "
+                f"to {exc.host}:{exc.port}): connect with a redis+cluster://host:port URL"
+            ) from None
         if not partitions:  # a new keyspace: the first process to get here sets it up
             await self.redis.hsetnx(config, "layout", LAYOUT)
             await self.redis.hsetnx(config, "partitions", self.keys.partitions)

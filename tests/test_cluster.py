@@ -428,3 +428,18 @@ async def test_a_cancel_reaches_the_running_wake_over_the_partition_shard_channe
     await asyncio.wait_for(started.wait(), 30)
     await rt.cancel("/slow/a", "enough")
     assert await asyncio.wait_for(relayed.get(), 10) == ("/slow/a", "enough")
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_a_plain_url_of_a_cluster_node_is_refused_with_the_url_to_use(
+    local_cluster: LocalCluster,
+) -> None:
+    keys = Keyspace("wkc", 16)
+    serving = local_cluster.node_of_slot(key_slot(keys.config.encode()))
+    other = next(n for n in local_cluster.primaries() if n is not serving)
+    redis = connect(f"redis://127.0.0.1:{other.port}/0")
+    store = Store(redis, keys, idempotency_ttl_ms=1000)
+    with pytest.raises(ConfigError, match=r"redis\+cluster://"):
+        await store.setup()
+    await redis.aclose()
