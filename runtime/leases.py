@@ -192,7 +192,6 @@ class LeaseKeeper:
         results = await asyncio.gather(
             *(self._acquire_one(p) for p in wanted), return_exceptions=True
         )
-        acquired = False
         for partition, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
@@ -203,9 +202,8 @@ class LeaseKeeper:
                     partition,
                     result,
                 )
-                continue
-            acquired = result or acquired
-        return acquired
+        # held, even if setting up its group or sweeping it failed: readers should know
+        return any(p in self.held for p in wanted)
 
     async def _acquire_one(self, partition: int) -> bool:
         ttl_ms = self.settings.lease_ttl_ms
@@ -215,7 +213,6 @@ class LeaseKeeper:
             return False  # still held by its previous owner; it hands it over when it sees us
         self.held[partition] = Lease(token, started + ttl_ms / 1000)
         self.user.adopt(partition)
-        self.changed.set()
         log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
         await self.store.ensure_group(partition)
         await self._take_pending(partition, 0)
