@@ -55,6 +55,7 @@ class Router:
         self._batches: dict[str, AutoPipeline] = {}
         self._lock = asyncio.Lock()
         self._refreshed = 0.0  # time.monotonic() of the last refresh
+        self._refresh_task: asyncio.Task[None] | None = None
 
     # -- the slot map ----------------------------------------------------------
 
@@ -91,8 +92,10 @@ class Router:
 
     def stale(self) -> None:
         """A node failed or redirected: refresh the slot map soon (in the background)."""
-        if time.monotonic() - self._refreshed >= REFRESH_MIN_S:
-            asyncio.get_running_loop().create_task(self._refresh_quietly())
+        running = self._refresh_task is not None and not self._refresh_task.done()
+        if not running and time.monotonic() - self._refreshed >= REFRESH_MIN_S:
+            # kept: the loop holds tasks weakly
+            self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_quietly())
 
     async def _refresh_quietly(self) -> None:
         try:
@@ -215,6 +218,8 @@ class Router:
         return out
 
     async def aclose(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
         clients, self._clients, self._batches = list(self._clients.values()), {}, {}
         for client in clients:
             await client.aclose()
