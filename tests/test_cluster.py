@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 from redis.crc import key_slot
+from redis.exceptions import ClusterDownError, MasterDownError, MovedError, TryAgainError
 
 from tests.cluster_helpers import LocalCluster, SlotCheck
-from wakeful import HandlerContext, Registry, Runtime, Settings
+from wakeful import HandlerContext, Registry, Runtime, Settings, cli
 from wakeful.connection import connect, is_cluster, parse_cluster_url
 from wakeful.errors import ConfigError, ReplicaWaitError
 from wakeful.events import Message, decode_event
@@ -443,3 +444,30 @@ async def test_a_plain_url_of_a_cluster_node_is_refused_with_the_url_to_use(
     with pytest.raises(ConfigError, match=r"redis\+cluster://"):
         await store.setup()
     await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ClusterDownError("The cluster is down"),
+        MasterDownError("Link with MASTER is down"),
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        MovedError("1694 127.0.0.1:7001"),
+        ReplicaWaitError("SEND", 0, 1, 1000),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_the_cli_exits_6_on_a_cluster_failing_over(
+    error: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failover or a slot migration under way is "try again", like Redis being down:
+    exit code 6 and one line, not a traceback."""
+
+    async def failing(args: Any) -> int:
+        raise error
+
+    monkeypatch.setitem(cli.COMMANDS, "inspect", failing)
+    monkeypatch.setenv("WAKEFUL_REDIS_URL", "redis+cluster://127.0.0.1:7000")
+    assert cli.main(["inspect", "/echo/x"]) == 6
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "error:" in stderr
