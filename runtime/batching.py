@@ -25,7 +25,7 @@ from redis.asyncio.client import Pipeline
 from .tasks import OwnedTasks
 
 log = logging.getLogger("wakeful.batching")
-Stage = Callable[[Pipeline], None]
+Stage = Callable[[Pipeline], object]
 
 
 class AutoPipeline:

@@ -54,8 +54,9 @@ from .cli_reply import PromptInterrupted, follow_reply, identity_of
 from .cli_tokens import TOKENS_VAR, load_tokens
 from .client import Runtime
 from .config import Settings
+from .connection import CLUSTER_SCHEMES
 from .content_blocks import attachment
-from .errors import RedisFullError, WakefulError
+from .errors import RedisFullError, ReplicaWaitError, WakefulError
 from .events import LogRecord, TrimmedRecord
 from .json_values import decode_json
 from .live import LiveRecord
@@ -65,6 +66,16 @@ from .retention import json_lines
 from .status import EntityStatus
 from .tasks import first_error, first_of
 from .terminal import err, out
+
+# Exit code 6 (UNREACHABLE): Redis did not answer, or a cluster is failing over or moving
+# a slot (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED / ASK left over, no reachable node).
+UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+CLUSTER_ERRORS = (
+    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MovedError
+    redis.exceptions.RedisClusterException,  # e.g. no seed node answers
+)
 
 _STREAM_ID = re.compile(r"\d+(-\d+)?")
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -89,10 +100,11 @@ def load_registry(spec: str) -> Registry:
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_env(redis_url=getattr(args, "redis", None))
     url = settings.redis_url
-    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+    schemes = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
+    if url is not None and not url.startswith(schemes):
         raise WakefulError(
-            f"Redis URL {redact_url(url)!r} must start with redis://, rediss:// or unix:// "
-            "(from --redis or WAKEFUL_REDIS_URL)"
+            f"Redis URL {redact_url(url)!r} must start with redis://, rediss://, unix://, "
+            "redis+cluster:// or rediss+cluster:// (from --redis or WAKEFUL_REDIS_URL)"
         )
     return settings
 
@@ -658,11 +670,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return asyncio.run(COMMANDS[args.command](args))
+    except ReplicaWaitError as exc:  # written, not yet confirmed: worth a retry
+        error(str(exc))
+        return UNREACHABLE
     except WakefulError as exc:
         error(str(exc))
         return ERROR
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except UNREACHABLE_ERRORS as exc:
         error(f"cannot reach Redis at {redact_url(redis_url)}: {exc}")
+        return UNREACHABLE
+    except CLUSTER_ERRORS as exc:  # a failover or a slot migration under way
+        error(f"the Redis Cluster at {redact_url(redis_url)} is not serving now: {exc}")
         return UNREACHABLE
     except redis.exceptions.OutOfMemoryError as exc:  # a plain command, not a script
         err.print(f"[red]error:[/] {terminal.escape(str(RedisFullError(str(exc))))}")

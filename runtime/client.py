@@ -139,14 +139,15 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
                 self._worker_redis = self._connect()
         keys = Keyspace(s.prefix, s.partitions)
         ttl_ms = s.idempotency_ttl_s * 1000
-        self.store = Store(self._redis, keys, idempotency_ttl_ms=ttl_ms)
+        wait = {"replica_wait": s.replica_wait, "replica_wait_ms": s.replica_wait_ms}
+        self.store = Store(self._redis, keys, idempotency_ttl_ms=ttl_ms, **wait)
         self._notices = Notices(self._redis)
         # A worker is a daemon: it waits for a Redis that is not up yet; a client fails.
         await self.store.setup(wait_for_redis=self._run_worker)
         if self._run_worker:
             worker_store = self.store
             if self._worker_redis is not None:
-                worker_store = Store(self._worker_redis, keys, idempotency_ttl_ms=ttl_ms)
+                worker_store = Store(self._worker_redis, keys, idempotency_ttl_ms=ttl_ms, **wait)
             self.worker = Worker(
                 self.registry,
                 worker_store,
@@ -212,6 +213,9 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
         finally:
             if self._notices is not None:
                 await self._notices.aclose()
+            stores = [self.store, self.worker.store if self.worker is not None else None]
+            for store in {id(st): st for st in stores if st is not None}.values():
+                await store.close_routes()  # a cluster's per-node clients
             if self._worker_redis is not None:
                 await self._worker_redis.aclose()
             if self._redis is not None:

@@ -37,6 +37,12 @@ class Settings:
     retention_entries: int = 100
     archive_dir: str | None = None  # trimmed entries are appended here as JSON Lines first
     idempotency_ttl_s: int = 86_400
+    # Durability across a failover (replication is asynchronous): a send or a commit is
+    # acknowledged once this many replicas confirmed it (WAIT), or fails with
+    # ReplicaWaitError after replica_wait_ms. 0 = do not wait (see README, "Running on
+    # Redis Cluster").
+    replica_wait: int = 0
+    replica_wait_ms: int = 1000
     cache_size: int = 10_000
     cache_max_bytes: int = 1 << 30  # of warm state (estimated as its log bytes), per worker
     shutdown_grace_s: float = 30.0
@@ -88,7 +94,11 @@ class Settings:
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
 
-        for name in ("retention_s", "retention_entries"):
+        if self.replica_wait_ms < 1:
+            raise ConfigError(
+                f"setting replica_wait_ms must be at least 1, got {self.replica_wait_ms}"
+            )
+        for name in ("retention_s", "retention_entries", "replica_wait"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative, got {getattr(self, name)}")
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):

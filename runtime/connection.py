@@ -9,15 +9,26 @@ Timeouts are set here and nowhere else. A connection gives up on a reply after
 blocks for at most half of its connection's socket timeout (:func:`block_ms`),
 and whoever follows a stream reads again. The pool queues: a caller that finds
 every connection busy waits up to ``pool_timeout_s`` for one instead of failing.
+
+A Redis Cluster is chosen by the URL: ``redis+cluster://[user:password@]host:port
+[,host:port...][?options]`` (``rediss+cluster://`` for TLS), one or more seed nodes.
+:func:`connect` then returns a :class:`ClusterClient` (a redis-py ``RedisCluster``
+that packs with hiredis too and remembers how it was made, so :func:`dedicated` and
+the per-node clients of ``routing.py`` connect alike). The runtime's modules keep
+their ``Redis`` annotations: a ``ClusterClient`` answers the same commands, and the
+few places that must tell the two apart ask :func:`is_cluster`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import Connection
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.connection import parse_url
 
 from .errors import ConfigError
 from .redaction import redact, redact_url, url_secrets
@@ -50,6 +61,12 @@ def connect(
         "max_connections": max_connections,
         "timeout": pool_timeout_s,
     }
+    if url.startswith(CLUSTER_SCHEMES):
+        return connect_cluster(
+            url,
+            socket_timeout_s=socket_timeout_s,
+            max_connections=max_connections,
+        )
     if url.startswith("redis://"):
         options["connection_class"] = HiredisPackingConnection
     try:
@@ -60,10 +77,109 @@ def connect(
     return Redis.from_pool(pool)
 
 
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+class ClusterClient(RedisCluster):
+    """A ``RedisCluster`` that remembers its seeds and options (to make more clients
+    like it: :func:`dedicated`, the per-node clients of ``routing.py``)."""
+
+    seeds: list[tuple[str, int]]
+    options: dict[str, Any]
+
+    def node_options(self) -> dict[str, Any]:
+        """The options of a plain ``Redis`` client of one of this cluster's nodes."""
+        options = dict(self.options)
+        options.pop("max_connections", None)
+        return options
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The seed nodes and the client options of a ``redis+cluster://`` URL.
+
+    The options are those redis-py reads from a ``redis://`` URL (user, password,
+    TLS, query options), taken from the URL with its first seed as the host."""
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit(f"{scheme.removesuffix('+cluster')}://{rest}")
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise ValueError("it names no node (expected host:port[,host:port...])")
+    seeds: list[tuple[str, int]] = []
+    for seed in hosts.split(","):
+        host, colon, port = seed.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"node {seed!r} is not host:port")
+        seeds.append((host.strip("[]"), int(port)))
+    if parts.path not in ("", "/", "/0"):
+        raise ValueError("a Redis Cluster has database 0 only: leave the path out")
+    first = f"{userinfo}{at}{hosts.split(',')[0]}"
+    options = parse_url(urlunsplit((parts.scheme, first, "", parts.query, "")))
+    options.pop("db", None)
+    options.pop("connection_class", None)  # redis-py's sync class for rediss://
+    if parts.scheme == "rediss":
+        options["ssl"] = True
+    options.pop("host", None)
+    options.pop("port", None)
+    return seeds, options
+
+
+def connect_cluster(url: str, *, socket_timeout_s: float, max_connections: int) -> Redis:
+    """A :class:`ClusterClient` of the cluster that the seeds of ``url`` belong to
+    (``max_connections`` per node). Typed as ``Redis``: see the module docstring."""
+    try:
+        seeds, options = parse_cluster_url(url)
+    except ValueError as exc:
+        problem = redact(str(exc), url_secrets(url))
+        raise ConfigError(f"Redis URL {redact_url(url)} is malformed: {problem}") from None
+    options.update(
+        decode_responses=False,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        max_connections=max_connections,
+    )
+    return cast("Redis", _cluster(seeds, options))
+
+
+def _cluster(seeds: list[tuple[str, int]], options: dict[str, Any]) -> ClusterClient:
+    client = ClusterClient(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+    client.seeds, client.options = seeds, options
+    if not options.get("ssl"):  # pack with hiredis, on the seeds and on nodes found later
+        client.connection_kwargs["connection_class"] = HiredisPackingConnection
+        for node in client.startup_nodes:
+            node.connection_class = HiredisPackingConnection
+    return client
+
+
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` is a client of a Redis Cluster (see :func:`connect`)."""
+    return isinstance(redis, RedisCluster)
+
+
+def node_client(cluster: ClusterClient, host: str, port: int, max_connections: int) -> Redis:
+    """A plain client of one node of ``cluster`` (a :class:`ClusterClient`), with the
+    cluster's options and a queueing pool of its own."""
+    options = cluster.node_options()
+    ssl = options.pop("ssl", False)
+    kind = SSLConnection if ssl else HiredisPackingConnection
+    pool = BlockingConnectionPool(
+        connection_class=kind,
+        host=host,
+        port=port,
+        max_connections=max_connections,
+        timeout=options.pop("timeout", 20.0),
+        **options,
+    )
+    return Redis.from_pool(pool)
+
+
 def dedicated(redis: Redis, max_connections: int) -> Redis:
     """A client of the same server as ``redis`` with a small pool of its own: traffic
     that must never queue behind other callers (lease renewal) gets connections that
-    no one else takes."""
+    no one else takes (on a cluster: a small pool per node)."""
+    if isinstance(redis, ClusterClient):
+        return cast(
+            "Redis", _cluster(redis.seeds, {**redis.options, "max_connections": max_connections})
+        )
     pool = redis.connection_pool
     own = BlockingConnectionPool(
         connection_class=pool.connection_class,
@@ -78,7 +194,10 @@ def block_ms(redis: Redis, requested: int) -> int:
     """How long a blocking read on ``redis`` may block: ``requested``, but at most half
     the socket timeout of its connections, so that the reply always comes in time
     (``0``, "forever" to Redis, becomes that longest block)."""
-    timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
+    if isinstance(redis, ClusterClient):
+        timeout = redis.options.get("socket_timeout")
+    else:
+        timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
     if not timeout:
         return requested
     longest = max(1, int(timeout * 500))

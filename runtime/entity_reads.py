@@ -154,10 +154,13 @@ class EntityReads(ScriptRunner):
     async def live_workers(self) -> list[tuple[str, int]]:
         """``(worker id, ms until its heartbeat expires)`` of every live worker, by
         Redis's clock (the registry ``<prefix>:workers``, score = expiry)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(self.keys.workers, 0, -1, withscores=True)
-        (seconds, micros), members = await pipe.execute()
+        workers = self.keys.workers
+
+        def stage(pipe: Pipeline) -> None:  # TIME of the node holding the registry
+            pipe.time()
+            pipe.zrange(workers, 0, -1, withscores=True)
+
+        (seconds, micros), members = await self._in_slot(workers, stage)
         now = int(seconds) * 1000 + int(micros) // 1000
         return [(as_str(w), int(score) - now) for w, score in members if int(score) > now]
 

@@ -31,6 +31,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- InvalidArgsError (ValueError)
     |   +-- FencedError
     |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
+    |   +-- ReplicaWaitError                  written, but fewer replicas confirmed than asked
     |   +-- ConfigError (ValueError)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
@@ -251,6 +252,25 @@ class RedisFullError(WakefulError, MemoryError):
             "(nothing was written; free memory or raise maxmemory, then retry)"
             + (f" [{detail}]" if detail else "")
         )
+
+
+class ReplicaWaitError(WakefulError):
+    """A write went through on its master, but fewer replicas than the replica wait
+    asks for (``replica_wait``) confirmed it in time: a failover now could lose it.
+    Retrying with the same idempotency key is safe (it is not applied twice)."""
+
+    def __init__(
+        self, script: str, confirmed: int, wanted: int, timeout_ms: int, reply: Any = None
+    ) -> None:
+        super().__init__(
+            f"the {script.lower()} was written on its master, but only {confirmed} of "
+            f"{wanted} replicas confirmed it within {timeout_ms} ms (setting "
+            "replica_wait): it could be lost if the master fails now; retry with the "
+            "same idempotency key, or check the replicas' links"
+        )
+        self.confirmed = confirmed
+        self.wanted = wanted
+        self.reply = reply  # the script's own reply (it was applied)
 
 
 class ConfigError(WakefulError, ValueError):

@@ -1,49 +1,60 @@
 """The Redis key layout.
 
-Every key of one partition carries the hash tag ``{pN}``, so a Lua script can
-touch an entity's log, its metadata and its partition's inbox atomically, on one
-Redis or on a Redis Cluster. An entity lives in partition
+Every key of one partition carries the hash tag ``{<prefix>:pN}`` (written ``{T}``
+below), so a Lua script can touch an entity's log, its metadata and its partition's
+inbox atomically, on one Redis or on a Redis Cluster. The prefix is inside the tag:
+partition N of two keyspaces hashes to two slots, so keyspaces spread over a cluster's
+masters independently (a tag of ``{pN}`` alone put partition N of every keyspace in
+one slot). Every key helper goes through :meth:`Keyspace.tag`. Every key still starts
+with ``<prefix>:`` (ACL key patterns, scans). An entity lives in partition
 ``crc32(url) % partitions``.
+
+The layout is versioned (:data:`LAYOUT`, field ``layout`` of ``<prefix>:config``):
+a keyspace written by a version with another layout is refused at start-up
+(``Store.setup``) instead of being read half.
 
 ==========================================  =========================================
 key                                         what
 ==========================================  =========================================
-``<prefix>:{pN}:log:<url>``                 entity log (stream), the source of truth
-``<prefix>:{pN}:meta:<url>``                entity metadata (hash)
-``<prefix>:{pN}:snap:<url>``                latest state snapshot (msgpack string)
-``<prefix>:{pN}:conv:<url>``                the conversation's sealed chunks the snapshot
-                                            references: ``<gen>:<k>`` -> msgpack list of
-                                            events (hash; written and dropped with it)
-``<prefix>:{pN}:actions:<url>``             pending actions: tool call id -> pending |
+``<prefix>:{T}:log:<url>``                 entity log (stream), the source of truth
+``<prefix>:{T}:meta:<url>``                entity metadata (hash)
+``<prefix>:{T}:snap:<url>``                latest state snapshot (msgpack string)
+``<prefix>:{T}:conv:<url>``                the conversation's sealed chunks the snapshot
+                                           references: ``<gen>:<k>`` -> msgpack list of
+                                           events (hash; written and dropped with it)
+``<prefix>:{T}:actions:<url>``             pending actions: tool call id -> pending |
                                             settled (hash)
-``<prefix>:{pN}:live:<url>``                live output: text deltas, tool progress
+``<prefix>:{T}:live:<url>``                live output: text deltas, tool progress
                                             (capped stream)
-``<prefix>:{pN}:idem:<url>:<key>``          idempotency key -> event id (string, TTL):
+``<prefix>:{T}:idem:<url>:<key>``          idempotency key -> event id (string, TTL):
                                             of callers without an identity, and of
                                             entities' deliveries
-``<prefix>:{pN}:idem@<digest>:<url>:<key>``  the same, of the caller whose identity's
+``<prefix>:{T}:idem@<digest>:<url>:<key>``  the same, of the caller whose identity's
                                             digest is ``<digest>`` (keys of two
                                             identities never meet)
-``<prefix>:{pN}:inbox``                     wake pointers of the partition (stream +
+``<prefix>:{T}:inbox``                     wake pointers of the partition (stream +
                                             consumer group ``workers``)
-``<prefix>:{pN}:lease`` / ``:epoch``        partition lease ``<worker>:<epoch>`` (TTL)
+``<prefix>:{T}:lease`` / ``:epoch``        partition lease ``<worker>:<epoch>`` (TTL)
                                             and its fencing epoch counter
-``<prefix>:{pN}:type:<type>``               urls of one type in the partition (set)
-``<prefix>:{pN}:timers`` / ``:timerdata``   durable timers: member -> due time (sorted
+``<prefix>:{T}:type:<type>``               urls of one type in the partition (set)
+``<prefix>:{T}:timers`` / ``:timerdata``   durable timers: member -> due time (sorted
                                             set) and member -> outbox event (hash)
-``<prefix>:{pN}:cron:<url>``                recurring schedules of the entity: schedule
+``<prefix>:{T}:cron:<url>``                recurring schedules of the entity: schedule
                                             id -> spec (hash, msgpack ``CronSpec``)
-``<prefix>:{pN}:crondue``                   recurring schedules of the partition:
+``<prefix>:{T}:crondue``                   recurring schedules of the partition:
                                             ``<url>|<id>`` -> next occurrence ms
                                             (sorted set)
-``<prefix>:{pN}:bad``                       wake pointers and timers the worker could
+``<prefix>:{T}:bad``                       wake pointers and timers the worker could
                                             not use, moved here with why (stream)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
-``<prefix>:config``                         keyspace settings (partition count)
+``<prefix>:config``                         keyspace settings (partition count, key
+                                            layout version)
 ``<prefix>:types``                          manifests published by workers (hash)
 ``<prefix>:idle:<url>``                     pub/sub: the entity's commits changed its
                                             progress (waiters re-check its status)
 ``<prefix>:cancel:<url>``                   pub/sub: cancel the entity's running run
+``<prefix>:{T}:cancel``                     the same on a Redis Cluster: a shard channel
+                                            per partition (message ``<url>\n<reason>``)
 ==========================================  =========================================
 """
 
@@ -53,8 +64,14 @@ import hashlib
 import json
 import zlib
 
+from .errors import ConfigError
+
 GROUP = "workers"
 """The consumer group of every partition inbox."""
+
+LAYOUT = "2"
+"""The key layout version, kept in ``<prefix>:config`` (field ``layout``). 1 (no field):
+tags ``{pN}`` without the prefix; 2: tags ``{<prefix>:pN}``."""
 
 
 def identity_text(identity: dict[str, str]) -> str:
@@ -75,6 +92,10 @@ class Keyspace:
     """Every key and channel name of one keyspace (``prefix``, ``partitions``)."""
 
     def __init__(self, prefix: str = "wk", partitions: int = 16) -> None:
+        if "{" in prefix or "}" in prefix:
+            # A brace would end or start a hash tag early: keys of one partition could
+            # land in different cluster slots.
+            raise ConfigError(f"prefix {prefix!r} must not contain '{{' or '}}'")
         self.prefix = prefix
         self.partitions = partitions
         self.workers = f"{prefix}:workers"
@@ -85,7 +106,13 @@ class Keyspace:
         return zlib.crc32(url.encode()) % self.partitions
 
     def tag(self, partition: int) -> str:
-        return f"{self.prefix}:{{p{partition}}}"
+        """The start of every key of ``partition``: ``<prefix>:{<prefix>:pN}``. The one
+        place the hash tag is made (a Redis Cluster hashes only what is in braces)."""
+        return f"{self.prefix}:{{{self.prefix}:p{partition}}}"
+
+    def slot_key(self, partition: int) -> str:
+        """A key in ``partition``'s slot (for routing a command that names no key)."""
+        return self.tag(partition)
 
     def log(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:log:{url}"
@@ -101,6 +128,11 @@ class Keyspace:
 
     def cancel_channel(self, url: str) -> str:
         return f"{self.prefix}:cancel:{url}"
+
+    def cancel_shard(self, partition: int) -> str:
+        """On a Redis Cluster: the partition's shard channel of cancel requests
+        (``SPUBLISH``, message ``<url>\n<reason>``), in the partition's slot."""
+        return f"{self.tag(partition)}:cancel"
 
     def snap(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:snap:{url}"

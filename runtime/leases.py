@@ -11,6 +11,13 @@ for wake pointers a crashed or fenced owner read but never acknowledged.
 What runs the entities of a partition is a :class:`PartitionUser` (the
 worker's runners): it is told when a partition is adopted or lost and gets the
 swept pointers.
+
+Failures stay local to their partition: the leases are renewed concurrently, each on
+its own (on a Redis Cluster each goes to its partition's master), so a master that
+is down costs only the partitions it holds, which lapse when their lease runs out;
+the others are renewed, acquired and swept as usual. The heartbeat failing (the
+worker registry's master is down) does not stop the renewals either: the tick goes
+on with the workers it saw last.
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ class LeaseKeeper:
         self.changed = asyncio.Event()  # the set of readable partitions changed
         self.ready = asyncio.Event()  # set after the first successful tick
         self._last_sweep = 0.0
+        self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
 
     # -- queries -------------------------------------------------------------
 
@@ -119,45 +127,96 @@ class LeaseKeeper:
             await anyio.sleep(interval)
 
     async def tick(self) -> None:
+        """Heartbeat, renew, acquire, hand over, sweep. Raises (a transient error) only
+        when nothing of it went through: the heartbeat and every renewal failed."""
         s = self.settings
-        live = await self.store.heartbeat(self.worker_id, s.lease_ttl_ms * 2)
+        beat: BaseException | None = None
+        try:
+            live = await self.store.heartbeat(self.worker_id, s.lease_ttl_ms * 2)
+        except TRANSIENT_ERRORS as exc:  # the registry's master is down: go on as last seen
+            beat, live = exc, list(self._live)
+            log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
         if self.worker_id not in live:
             live.append(self.worker_id)
+        self._live = live
         desired = {p for p in range(s.partitions) if rendezvous_owner(p, live) == self.worker_id}
-        changed = await self._renew()
+        changed, renewed = await self._renew()
+        self.expire_invalid()
+        if beat is not None and not renewed:
+            raise beat
         changed = await self._acquire(desired) or changed
         changed = await self._hand_over(desired) or changed
         await self._sweep()
         if changed:
             self.changed.set()
 
-    async def _renew(self) -> bool:
+    async def _renew(self) -> tuple[bool, bool]:
+        """Renew every held lease, concurrently and each on its own: one that fails
+        (its master is down) keeps its lease until it runs out, the others are renewed.
+        Returns (a lease was lost, a renewal went through or there was none to do)."""
         ttl_ms = self.settings.lease_ttl_ms
-        lost = False
-        for partition, lease in list(self.held.items()):
+        held = list(self.held.items())
+
+        async def renew(partition: int, lease: Lease) -> bool:
             started = time.monotonic()
-            if await self.store.renew(partition, lease.token, ttl_ms):
-                lease.valid_until = started + ttl_ms / 1000
-            else:
+            if not await self.store.renew(partition, lease.token, ttl_ms):
+                return False
+            lease.valid_until = started + ttl_ms / 1000
+            return True
+
+        results = await asyncio.gather(
+            *(renew(p, lease) for p, lease in held), return_exceptions=True
+        )
+        lost, answered = False, not held
+        for (partition, lease), result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancelled
+                log.warning(
+                    "worker %s: renewing the lease of partition %d failed: %s",
+                    self.worker_id,
+                    partition,
+                    result,
+                )
+                continue
+            answered = True
+            if not result and self.held.get(partition) is lease:
                 self.lose(partition, "lease lost")
                 lost = True
-        return lost
+        return lost, answered
 
     async def _acquire(self, desired: set[int]) -> bool:
+        """Try to acquire each desired partition not held, concurrently; one that fails
+        is logged and tried again at the next tick."""
+        wanted = sorted(desired - self.held.keys())
+        results = await asyncio.gather(
+            *(self._acquire_one(p) for p in wanted), return_exceptions=True
+        )
+        for partition, result in zip(wanted, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning(
+                    "worker %s: acquiring partition %d failed: %r",
+                    self.worker_id,
+                    partition,
+                    result,
+                )
+        # held, even if setting up its group or sweeping it failed: readers should know
+        return any(p in self.held for p in wanted)
+
+    async def _acquire_one(self, partition: int) -> bool:
         ttl_ms = self.settings.lease_ttl_ms
-        acquired = False
-        for partition in sorted(desired - self.held.keys()):
-            started = time.monotonic()
-            token = await self.store.acquire(partition, self.worker_id, ttl_ms)
-            if token is None:
-                continue  # still held by its previous owner; it hands it over when it sees us
-            self.held[partition] = Lease(token, started + ttl_ms / 1000)
-            self.user.adopt(partition)
-            await self.store.ensure_group(partition)
-            log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
-            acquired = True
-            await self._take_pending(partition, 0)
-        return acquired
+        started = time.monotonic()
+        token = await self.store.acquire(partition, self.worker_id, ttl_ms)
+        if token is None:
+            return False  # still held by its previous owner; it hands it over when it sees us
+        self.held[partition] = Lease(token, started + ttl_ms / 1000)
+        self.user.adopt(partition)
+        log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
+        await self.store.ensure_group(partition)
+        await self._take_pending(partition, 0)
+        return True
 
     async def _hand_over(self, desired: set[int]) -> bool:
         changed = False
@@ -166,7 +225,15 @@ class LeaseKeeper:
                 lease.draining = True  # stop reading; released once its runners are done
                 changed = True
             if lease.draining and not self.user.busy(partition):
-                await self.store.release(partition, lease.token)
+                try:
+                    await self.store.release(partition, lease.token)
+                except TRANSIENT_ERRORS as exc:  # it runs out on its own
+                    log.warning(
+                        "worker %s: releasing partition %d failed: %s",
+                        self.worker_id,
+                        partition,
+                        exc,
+                    )
                 self.held.pop(partition, None)
                 self.user.abandon(partition, "handed over")
                 log.info("worker %s handed over partition %d", self.worker_id, partition)
@@ -181,7 +248,15 @@ class LeaseKeeper:
         self._last_sweep = now
         for partition, lease in list(self.held.items()):
             if not lease.draining:
-                await self._take_pending(partition, ttl_ms)
+                try:
+                    await self._take_pending(partition, ttl_ms)
+                except TRANSIENT_ERRORS as exc:  # its master is down: the others go on
+                    log.warning(
+                        "worker %s: sweeping the inbox of partition %d failed: %s",
+                        self.worker_id,
+                        partition,
+                        exc,
+                    )
 
     async def _take_pending(self, partition: int, min_idle_ms: int) -> None:
         """Schedule the partition's pending pointers idle for ``min_idle_ms``; move a bad

@@ -155,7 +155,7 @@ class Listeners:
         the listener tries again every :data:`CANCEL_RETRY_S` seconds."""
         while True:
             try:
-                async with self.store.cancel_requests() as requests:
+                async with self.store.cancel_requests(self.leases.active) as requests:
                     while True:
                         request = await requests.next(timeout=1.0)
                         if request is not None:

@@ -46,10 +46,16 @@ end
 
 # The wake-pointer rule: add a pointer to the entity's partition inbox unless it has
 # one already (meta.woke marks it; the commit that acknowledges it clears the mark).
+# On a Redis Cluster the scripts run with DOORBELL_MARK replaced by DOORBELL (see
+# script_runner.py): a new pointer also rings the inbox's shard channel (named like
+# the inbox key, so in its slot), which the partition's reader waits on.
+DOORBELL_MARK = "-- doorbell"
+DOORBELL = "redis.pcall('SPUBLISH', inbox_key, '1')"
 _ENSURE_POINTER = """
 local function ensure_pointer(meta_key, inbox_key, entity_url)
   if redis.call('HSETNX', meta_key, 'woke', '1') == 1 then
     redis.call('XADD', inbox_key, '*', 'u', entity_url)
+    -- doorbell
   end
 end
 """

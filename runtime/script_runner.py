@@ -1,12 +1,21 @@
 """Running the Lua scripts: each by its SHA1 through the auto-pipeline.
 
 The scripts are loaded once at start-up (and again after a Redis restart lost
-them), so a call sends only the SHA1, the keys and the arguments.
+them), so a call sends only the SHA1, the keys and the arguments. On a Redis
+Cluster they are loaded on every master, one command each (``routing.py`` sends
+each script to its partition's master); a replica promoted after a failover never
+got them, and its first ``NOSCRIPT`` loads them there.
+
+With the replica wait on (``Settings.replica_wait``), a write that must survive a
+failover (a send, a commit) is followed in the same pipeline, on the same
+connection, by ``WAIT <replicas> <timeout>``: Redis answers it once that many
+replicas have acknowledged every write the connection made before it.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -14,39 +23,45 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from . import lua
-from .batching import AutoPipeline
-from .errors import RedisFullError
+from .batching import AutoPipeline, Stage
+from .connection import is_cluster
+from .errors import RedisFullError, ReplicaWaitError
 from .keys import Keyspace
+from .routing import Router
 
 
 class Script:
     """A Lua script and its SHA1, to run it by ``EVALSHA``."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, name: str = "") -> None:
         self.source = source
+        self.name = name
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        # On a cluster: the same script ringing the inbox's doorbell (see lua.py).
+        self.cluster_source = source.replace(lua.DOORBELL_MARK, lua.DOORBELL)
+        self.cluster_sha = hashlib.sha1(self.cluster_source.encode()).hexdigest()
 
 
-SEND = Script(lua.SEND)
-LOAD = Script(lua.LOAD)
-COMMIT = Script(lua.COMMIT)
-ACQUIRE = Script(lua.ACQUIRE)
-RENEW = Script(lua.RENEW)
-RELEASE = Script(lua.RELEASE)
-HEARTBEAT = Script(lua.HEARTBEAT)
-FIRE = Script(lua.FIRE)
-DELETE = Script(lua.DELETE)
-CANCEL_TIMER = Script(lua.CANCEL_TIMER)
-SETTLE = Script(lua.SETTLE)
-TOOL_DATA = Script(lua.TOOL_DATA)
-RESUME = Script(lua.RESUME)
-QUARANTINE = Script(lua.QUARANTINE)
-CRON_UPSERT = Script(lua.CRON_UPSERT)
-CRON_DELETE = Script(lua.CRON_DELETE)
-CRON_PURGE = Script(lua.CRON_PURGE)
-CRON_FIRE = Script(lua.CRON_FIRE)
-CRON_QUARANTINE = Script(lua.CRON_QUARANTINE)
-TRIM = Script(lua.TRIM)
+SEND = Script(lua.SEND, "SEND")
+LOAD = Script(lua.LOAD, "LOAD")
+COMMIT = Script(lua.COMMIT, "COMMIT")
+ACQUIRE = Script(lua.ACQUIRE, "ACQUIRE")
+RENEW = Script(lua.RENEW, "RENEW")
+RELEASE = Script(lua.RELEASE, "RELEASE")
+HEARTBEAT = Script(lua.HEARTBEAT, "HEARTBEAT")
+FIRE = Script(lua.FIRE, "FIRE")
+DELETE = Script(lua.DELETE, "DELETE")
+CANCEL_TIMER = Script(lua.CANCEL_TIMER, "CANCEL_TIMER")
+SETTLE = Script(lua.SETTLE, "SETTLE")
+TOOL_DATA = Script(lua.TOOL_DATA, "TOOL_DATA")
+RESUME = Script(lua.RESUME, "RESUME")
+QUARANTINE = Script(lua.QUARANTINE, "QUARANTINE")
+CRON_UPSERT = Script(lua.CRON_UPSERT, "CRON_UPSERT")
+CRON_DELETE = Script(lua.CRON_DELETE, "CRON_DELETE")
+CRON_PURGE = Script(lua.CRON_PURGE, "CRON_PURGE")
+CRON_FIRE = Script(lua.CRON_FIRE, "CRON_FIRE")
+CRON_QUARANTINE = Script(lua.CRON_QUARANTINE, "CRON_QUARANTINE")
+TRIM = Script(lua.TRIM, "TRIM")
 ALL_SCRIPTS = (
     SEND,
     LOAD,
@@ -74,36 +89,84 @@ ALL_SCRIPTS = (
 class ScriptRunner:
     """The Redis client, the key layout and the script runner every store part shares."""
 
-    def __init__(self, redis: Redis, keys: Keyspace) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keyspace,
+        *,
+        replica_wait: int = 0,
+        replica_wait_ms: int = 1000,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.batch = AutoPipeline(redis)
+        # On a cluster: scripts and per-partition reads go to their master directly.
+        self.router = Router(redis) if is_cluster(redis) else None
+        self.replica_wait = replica_wait
+        self.replica_wait_ms = replica_wait_ms
 
     async def load_scripts(self) -> None:
+        if self.router is not None:
+            for node in await self.router.masters():
+                await self._load_on(node)
+            return
         pipe = self.redis.pipeline(transaction=False)
         for script in ALL_SCRIPTS:
             pipe.script_load(script.source)
         await pipe.execute()
 
-    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    async def _load_on(self, node: str) -> None:
+        """Load every script on one cluster node (no pipeline: one command each)."""
+        assert self.router is not None
+        client = self.router.client(node)
+        for script in ALL_SCRIPTS:
+            await client.script_load(script.cluster_source)
+
+    async def close_routes(self) -> None:
+        """Close the per-node clients of a cluster (the cluster client is the caller's)."""
+        if self.router is not None:
+            await self.router.aclose()
+
+    async def _run(
+        self, script: Script, keys: list[str], args: list[Any], *, durable: bool = False
+    ) -> Any:
         """Run a script through the auto-pipeline, reloading it after a Redis restart.
 
         A Redis at its ``maxmemory`` (``noeviction``) refuses the script's first write
         that could grow memory, before anything of it is written (the scripts carry no
         shebang flags, so Redis checks at each call, and once a script has written its
         later writes go through: no script is half-applied). That refusal is raised as
-        :class:`RedisFullError`."""
+        :class:`RedisFullError`.
+
+        ``durable`` (a send, a commit): with the replica wait on, wait for the replicas
+        (see the module docstring); :class:`ReplicaWaitError` if too few confirmed."""
+        wait = self.replica_wait if durable else 0
+        sha = script.sha if self.router is None else script.cluster_sha
 
         def stage(pipe: Pipeline) -> None:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            # execute_command, not evalsha: the same call on a node's pipeline and a
+            # cluster's (redis-py refuses evalsha in a cluster pipeline)
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            if wait:
+                pipe.execute_command("WAIT", wait, self.replica_wait_ms)
 
         for attempt in (0, 1):
             try:
-                return await self.batch.execute(stage)
+                if self.router is not None:
+                    reply = await self.router.execute(keys[0], stage)
+                else:
+                    reply = await self.batch.execute(stage)
+                if not wait:
+                    return reply
+                if int(reply[1]) < wait:
+                    raise ReplicaWaitError(
+                        script.name, int(reply[1]), wait, self.replica_wait_ms, reply[0]
+                    )
+                return reply[0]
             except NoScriptError:
                 if attempt:
                     raise
-                await self.load_scripts()
+                await self._reload(keys[0])
             except OutOfMemoryError as exc:
                 raise RedisFullError(str(exc)) from None
             except ResponseError as exc:
@@ -111,5 +174,37 @@ class ScriptRunner:
                     raise RedisFullError(str(exc)) from None
                 if attempt or "NOSCRIPT" not in str(exc):
                     raise
-                await self.load_scripts()
+                await self._reload(keys[0])
         raise AssertionError("unreachable")
+
+    async def _in_slot(self, key: str, stage: Stage) -> Any:
+        """Plain commands of one slot (``key``'s): through the auto-pipeline, on a
+        cluster to that slot's master (see ``routing.py``)."""
+        if self.router is not None:
+            return await self.router.execute(key, stage)
+        return await self.batch.execute(stage)
+
+    async def _per_partition(
+        self, partitions: list[int], stage: Callable[[Pipeline, int], Any]
+    ) -> list[Any]:
+        """One command per partition (``stage(pipe, partition)``), a reply for each: in
+        one pipeline, or on a cluster one per master. There a partition whose node
+        fails gets an empty list (its items wait for the next pass); if every node
+        fails, the first error is raised."""
+        if self.router is None:
+            pipe = self.redis.pipeline(transaction=False)
+            for p in partitions:
+                stage(pipe, p)
+            return await pipe.execute()
+        replies = await self.router.per_node({p: self.keys.slot_key(p) for p in partitions}, stage)
+        errors = [r for r in replies.values() if isinstance(r, Exception)]
+        if errors and len(errors) == len(partitions):
+            raise errors[0]
+        return [[] if isinstance(replies[p], Exception) else replies[p] for p in partitions]
+
+    async def _reload(self, key: str) -> None:
+        """After ``NOSCRIPT``: a restarted Redis, or a replica promoted in a failover."""
+        if self.router is None:
+            await self.load_scripts()
+        else:
+            await self._load_on(await self.router.node_of(key))

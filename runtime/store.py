@@ -11,20 +11,32 @@ subscribed in ``notices.py``). The data path is: client ->
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import BusyLoadingError, NoPermissionError, ResponseError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    NoPermissionError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from .acl import Refusals, missing_right
 from .connection import block_ms as block_ms_for
+from .doorbell import Doorbell
 from .entity_reads import EntityReads, Loaded, StreamBatch
 from .errors import (
     ArgsConflictError,
@@ -33,10 +45,12 @@ from .errors import (
     FencedError,
     OwnerChangedError,
     RedisFullError,
+    ReplicaWaitError,
     TargetMissingError,
 )
-from .keys import GROUP, Keyspace, identity_text
+from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .replies import EntityMeta, Entry, as_str, stream_entries
+from .routing import Router
 from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
@@ -97,16 +111,26 @@ log = logging.getLogger("wakeful.store")
 LOADING_RETRY_S, LOADING_NOTICE_S = 0.1, 3.0  # waiting for a Redis that loads its data
 
 # Errors that mean "Redis is unreachable for now" (a Redis loading its dataset, too), or
-# full (at maxmemory, nothing written): callers retry later, nothing is lost.
+# full (at maxmemory, nothing written): callers retry later, nothing is lost. On a
+# cluster also: a failover or a slot migration under way (CLUSTERDOWN, MASTERDOWN,
+# TRYAGAIN, and MOVED / ASK left over after the redirections routing.py follows), a
+# slot no node serves yet, and a write its replicas did not confirm in time.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
     RedisFullError,
+    ClusterDownError,  # MasterDownError too
+    ClusterError,
+    TryAgainError,
+    AskError,  # MovedError too
+    SlotNotCoveredError,
+    ReplicaWaitError,
 )
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
+CANCEL_POLL_S = 0.01  # on a cluster, the cancel subscriptions are looked at this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +199,21 @@ def _pointer(
     return BadItem(partition, "pointer", keys.inbox(partition), item, reason, detail)
 
 
+def _check_layout(prefix: str, layout: str) -> None:
+    """Refuse a keyspace whose keys are laid out otherwise than this version's."""
+    if layout == LAYOUT:
+        return
+    old = "tags {pN} without the prefix" if layout == "1" else f"layout {layout!r}"
+    raise ConfigError(
+        f"keyspace {prefix!r} was written with another key layout ({old}) than this "
+        f"version of Wakeful reads (layout {LAYOUT}: tags {{{prefix}:pN}}, so that "
+        "partitions spread over a cluster's masters); its data cannot be read in place. "
+        "Start on a new keyspace (set WAKEFUL_PREFIX to a new prefix), or run the "
+        "Wakeful version that wrote it, `wakeful export` what you need, and delete the "
+        f"old keys ({prefix}:*)"
+    )
+
+
 def _timer(keys: Keyspace, partition: int, member: bytes) -> tuple[int, str] | BadItem:
     """A due timer member of ``partition`` (``<url>|<incarnation>|<id>``), or why not."""
     reason = ""
@@ -201,11 +240,21 @@ class Store(EntityReads, ScheduleStore):
     recurring schedules in :class:`~wakeful.schedule_store.ScheduleStore`.
     """
 
-    def __init__(self, redis: Redis, keys: Keyspace, *, idempotency_ttl_ms: int) -> None:
-        super().__init__(redis, keys)
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keyspace,
+        *,
+        idempotency_ttl_ms: int,
+        replica_wait: int = 0,
+        replica_wait_ms: int = 1000,
+    ) -> None:
+        super().__init__(redis, keys, replica_wait=replica_wait, replica_wait_ms=replica_wait_ms)
         self.idempotency_ttl_ms = idempotency_ttl_ms
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
+        self._read_failures = Refusals(log, logging.WARNING)
+        self._doorbell = Doorbell(self.router, keys) if self.router is not None else None
 
     # -- setup ---------------------------------------------------------------
 
@@ -242,16 +291,31 @@ class Store(EntityReads, ScheduleStore):
         ``wait_for_redis`` (a worker) also while Redis cannot be reached."""
         await self._until_loaded(wait_for_redis)
         # Read first: a client of a full Redis (at maxmemory) starts without a write.
-        stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
-        if not stored:
-            await self.redis.hsetnx(self.keys.config, "partitions", self.keys.partitions)
-            stored = int(await self.redis.hget(self.keys.config, "partitions") or 0)
+        config = self.keys.config
+        try:
+            partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        except MovedError as exc:  # a redis:// URL of one node of a cluster
+            raise ConfigError(
+                f"the Redis is a node of a Redis Cluster (it sent the keyspace's settings "
+                f"to {exc.host}:{exc.port}): connect with a redis+cluster://host:port URL"
+            ) from None
+        if not partitions:  # a new keyspace: the first process to get here sets it up
+            await self.redis.hsetnx(config, "layout", LAYOUT)
+            await self.redis.hsetnx(config, "partitions", self.keys.partitions)
+            partitions, layout = await self.redis.hmget(config, ["partitions", "layout"])
+        _check_layout(self.keys.prefix, as_str(layout) if layout else "1")
+        stored = int(partitions or 0)
         if stored != self.keys.partitions:
             raise ConfigError(
                 f"keyspace {self.keys.prefix!r} was set up with {stored} partitions, "
                 f"but this process is configured with {self.keys.partitions}; "
                 "set WAKEFUL_PARTITIONS to match"
             )
+
+    async def close_routes(self) -> None:
+        if self._doorbell is not None:
+            await self._doorbell.aclose()
+        await super().close_routes()
 
     async def eviction_policy(self) -> str | None:
         """Redis's ``maxmemory-policy``; None if it will not say (CONFIG is disabled or
@@ -310,6 +374,7 @@ class Store(EntityReads, ScheduleStore):
                 len(events),
                 *(x for pair in events for x in pair),
             ],
+            durable=True,
         )
         code, event_id, created_id = int(reply[0]), as_str(reply[1]), as_str(reply[2])
         if code == -1:
@@ -322,8 +387,16 @@ class Store(EntityReads, ScheduleStore):
 
     async def publish_cancel(self, url: str, reason: str) -> None:
         """Tell the worker running ``url`` (if any) to stop its run now. A Redis user
-        without the right to is logged, not raised: the cancel request is in the log."""
+        without the right to is logged, not raised: the cancel request is in the log.
+        On a cluster: on the partition's shard channel (see :class:`ShardedCancels`)."""
         try:
+            if self.router is not None:
+                channel = self.keys.cancel_shard(self.keys.partition(url))
+                message = f"{url}\n{reason}"
+                await self._in_slot(
+                    channel, lambda pipe: pipe.execute_command("SPUBLISH", channel, message)
+                )
+                return
             await self.redis.publish(self.keys.cancel_channel(url), reason)
         except NoPermissionError:
             refused = missing_right(
@@ -382,8 +455,8 @@ class Store(EntityReads, ScheduleStore):
         k = self.keys
         p = k.partition(url)
         flat_fields = [x for pair in (fields or {}).items() for x in pair]
-        reply = await self._run(
-            COMMIT,
+        reply = await self._commit(
+            url,
             [
                 k.lease(p),
                 k.log(url),
@@ -432,6 +505,16 @@ class Store(EntityReads, ScheduleStore):
         if status == "UNNOTIFIED":
             self._notice_refused(url, "commit")
         return [as_str(i) for i in reply[1:]]
+
+    async def _commit(self, url: str, keys: list[str], args: list[Any]) -> Any:
+        """The COMMIT script, durable: with the replica wait on, it returns once the
+        replicas confirmed it. A shortfall is logged, not raised: the commit is applied
+        on the master, and a wake that failed on it would only run again."""
+        try:
+            return await self._run(COMMIT, keys, args, durable=True)
+        except ReplicaWaitError as exc:
+            log.warning("commit of %s: %s", url, exc)
+            return exc.reply
 
     def _notice_refused(self, url: str, what: str) -> None:
         """A script applied its writes but Redis refused its idle notice (see ``notify``
@@ -502,10 +585,12 @@ class Store(EntityReads, ScheduleStore):
         self, partitions: list[int], now_ms: int, limit: int = 100
     ) -> list[tuple[int, str] | BadItem]:
         """Due timers as ``(partition, member)``; a malformed member as a :class:`BadItem`."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in partitions:
-            pipe.zrangebyscore(self.keys.timers(p), "-inf", now_ms, start=0, num=limit)
-        replies = await pipe.execute()
+        replies = await self._per_partition(
+            partitions,
+            lambda pipe, p: pipe.zrangebyscore(
+                self.keys.timers(p), "-inf", now_ms, start=0, num=limit
+            ),
+        )
         return [
             _timer(self.keys, p, m)
             for p, members in zip(partitions, replies, strict=True)
@@ -513,10 +598,9 @@ class Store(EntityReads, ScheduleStore):
         ]
 
     async def next_timer_ms(self, partitions: list[int]) -> int | None:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in partitions:
-            pipe.zrange(self.keys.timers(p), 0, 0, withscores=True)
-        replies = await pipe.execute()
+        replies = await self._per_partition(
+            partitions, lambda pipe, p: pipe.zrange(self.keys.timers(p), 0, 0, withscores=True)
+        )
         dues = [int(score) for reply in replies for _, score in reply]
         return min(dues) if dues else None
 
@@ -626,8 +710,11 @@ class Store(EntityReads, ScheduleStore):
         return as_str(value) if value else None
 
     async def ensure_group(self, partition: int) -> None:
+        key = self.keys.inbox(partition)
         try:
-            await self.redis.xgroup_create(self.keys.inbox(partition), GROUP, id="0", mkstream=True)
+            await self._in_slot(
+                key, lambda pipe: pipe.xgroup_create(key, GROUP, "0", mkstream=True)
+            )
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -635,6 +722,8 @@ class Store(EntityReads, ScheduleStore):
     async def read_inbox(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
     ) -> list[Pointer | BadItem]:
+        if self.router is not None:
+            return await self._read_inboxes_by_node(partitions, consumer, count, block_ms)
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
@@ -650,6 +739,50 @@ class Store(EntityReads, ScheduleStore):
             if fields
         ]
 
+    async def _read_inboxes_by_node(
+        self, partitions: list[int], consumer: str, count: int, block_ms: int
+    ) -> list[Pointer | BadItem]:
+        """On a cluster: one XREADGROUP per partition (a read of several slots is
+        CROSSSLOT even on one node), one pipeline per master, the masters in parallel.
+        A node that fails costs only its partitions' pointers this round (logged, and
+        the first error if every node failed); when no partition had a pointer, wait
+        for the doorbell (``doorbell.py``), up to ``block_ms``, and read again."""
+        assert self.router is not None and self._doorbell is not None
+        deadline = time.monotonic() + max(block_ms, 1) / 1000
+        while True:
+            self._doorbell.clear()  # a ring from now on is kept for the wait below
+            replies = await self.router.per_node(
+                {p: self.keys.inbox(p) for p in partitions},
+                lambda pipe, p: pipe.xreadgroup(GROUP, consumer, {self.keys.inbox(p): ">"}, count),
+            )
+            out: list[Pointer | BadItem] = []
+            failed: list[tuple[int, Exception]] = []
+            for p, reply in replies.items():
+                if isinstance(reply, Exception):
+                    failed.append((p, reply))
+                    continue
+                out.extend(
+                    _pointer(self.keys, p, entry_id, fields)
+                    for _, entries in (reply or [])
+                    for entry_id, fields in entries
+                    if fields
+                )
+            nogroup = [p for p, exc in failed if "NOGROUP" in str(exc)]
+            for p in nogroup:
+                await self.ensure_group(p)
+            failed = [(p, exc) for p, exc in failed if p not in nogroup]
+            if failed:
+                if len(failed) == len(partitions):
+                    raise failed[0][1]
+                self._read_failures.report(
+                    f"reading the inboxes of partitions {sorted(p for p, _ in failed)} failed "
+                    f"({failed[0][1]}); the other partitions are read on"
+                )
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            await self._doorbell.wait(partitions, left)
+
     async def claim_pending(
         self, partition: int, consumer: str, min_idle_ms: int, count: int = 1000
     ) -> list[Pointer | BadItem]:
@@ -658,8 +791,11 @@ class Store(EntityReads, ScheduleStore):
         out: list[Pointer | BadItem] = []
         start = "0-0"
         while True:
-            reply = await self.redis.xautoclaim(
-                key, GROUP, consumer, min_idle_ms, start_id=start, count=count
+            reply = await self._in_slot(
+                key,
+                lambda pipe, start=start: pipe.xautoclaim(  # type: ignore[misc]
+                    key, GROUP, consumer, min_idle_ms, start_id=start, count=count
+                ),
             )
             next_start, entries = as_str(reply[0]), reply[1]
             out.extend(
@@ -722,9 +858,14 @@ class Store(EntityReads, ScheduleStore):
                 out.append({"partition": str(p), "id": entry_id, **row})
         return out
 
-    def cancel_requests(self) -> CancelRequests:
+    def cancel_requests(
+        self, partitions: Callable[[], list[int]] = list
+    ) -> CancelRequests | ShardedCancels:
         """A subscription to every entity's cancel channel (``rt.cancel`` publishes there);
-        use it as ``async with store.cancel_requests() as requests``."""
+        use it as ``async with store.cancel_requests() as requests``. On a cluster: to
+        the shard channels of ``partitions()`` (the held ones), kept up to date."""
+        if self.router is not None:
+            return ShardedCancels(self.router, self.keys, partitions)
         return CancelRequests(self.redis.pubsub(), self.keys.cancel_channel(""))
 
 
@@ -759,3 +900,85 @@ class CancelRequests:
         url = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
         reason = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
         return url[len(self._prefix) :], reason
+
+
+class ShardedCancels:
+    """The worker's cancel subscription on a Redis Cluster: one shard channel per held
+    partition (``SSUBSCRIBE``, in the partition's slot, so on its master: a cancel is
+    not broadcast over the cluster bus), on one pub/sub connection per master.
+    Subscribed when a partition is held and dropped when it is not (each :meth:`next`
+    brings the subscriptions up to date); a node that fails loses only its partitions'
+    subscriptions, which are made again on the node that serves them next."""
+
+    def __init__(self, router: Router, keys: Keyspace, partitions: Callable[[], list[int]]):
+        self._router = router
+        self._keys = keys
+        self._partitions = partitions
+        self._subs: dict[str, Any] = {}  # node -> its pub/sub
+        self._where: dict[int, str] = {}  # partition -> the node it is subscribed on
+        self._wanted: set[int] | None = None  # the partitions of the last sync
+        self._synced = 0.0  # time.monotonic() of the last sync
+
+    async def __aenter__(self) -> ShardedCancels:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for node in list(self._subs):
+            await self._drop(node)
+
+    async def _drop(self, node: str) -> None:
+        pubsub = self._subs.pop(node, None)
+        self._where = {p: n for p, n in self._where.items() if n != node}
+        if pubsub is not None:
+            with contextlib.suppress(Exception):  # the connection is gone already
+                await pubsub.aclose()
+
+    async def _sync(self) -> None:
+        wanted = set(self._partitions())
+        for p, node in list(self._where.items()):
+            channel = self._keys.cancel_shard(p)
+            if p not in wanted or await self._router.node_of(channel) != node:
+                self._where.pop(p)
+                with contextlib.suppress(Exception):
+                    await self._subs[node].execute_command("SUNSUBSCRIBE", channel)
+        for p in sorted(wanted - self._where.keys()):
+            channel = self._keys.cancel_shard(p)
+            node = await self._router.node_of(channel)
+            pubsub = self._subs.get(node)
+            if pubsub is None:
+                pubsub = self._subs[node] = self._router.client(node).pubsub()
+            try:
+                await pubsub.ssubscribe(channel)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("subscribing to the cancel requests of partition %d failed: %s", p, exc)
+                self._router.stale()
+                await self._drop(node)
+                continue
+            self._where[p] = node
+
+    async def next(self, timeout: float) -> tuple[str, str] | None:
+        """The next cancel request, or None if none came within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            wanted = set(self._partitions())
+            if wanted != self._wanted or (  # acquired or released one; or a retry is due
+                wanted != self._where.keys() and time.monotonic() - self._synced >= 0.5
+            ):
+                self._wanted, self._synced = wanted, time.monotonic()
+                await self._sync()
+            for node, pubsub in list(self._subs.items()):
+                try:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("cancel requests from %s interrupted: %s", node, exc)
+                    self._router.stale()
+                    await self._drop(node)
+                    continue
+                if message is not None and message.get("type") == "smessage":
+                    data = message["data"]
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                    url, _, reason = text.partition("\n")
+                    return url, reason
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(CANCEL_POLL_S)

@@ -99,7 +99,7 @@ class Worker:
         )
         # Lease renewal never queues behind the runners' commands: its own two connections.
         self._lease_redis = dedicated(store.redis, LEASE_CONNECTIONS)
-        lease_store = Store(
+        self._lease_store = lease_store = Store(
             self._lease_redis, store.keys, idempotency_ttl_ms=store.idempotency_ttl_ms
         )
         self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
@@ -138,6 +138,7 @@ class Worker:
             await self._run()
         finally:
             with anyio.CancelScope(shield=True):
+                await self._lease_store.close_routes()
                 await self._lease_redis.aclose()
             self.stopped.set()
 

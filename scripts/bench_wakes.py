@@ -51,6 +51,15 @@ worker process inherits them. ``--profile-worker FILE`` runs cProfile in the
 worker during one phase (``--profile-phase throughput|latency|single``) and
 prints its top functions to stderr.
 
+**Cluster** (``--cluster``): starts a local Redis Cluster (3 masters, 3 replicas,
+``tests/cluster_helpers.py``; or ``--cluster-url`` names one) and measures, in the
+same run, wakes/s with 1, 2 and 3 worker processes (this script with ``--role
+share``) on one Redis (``--redis``) and on the cluster: ``--messages`` messages, one
+per entity (every message a cold wake of its own), preloaded, then drained by the
+workers started together (timing from the first worker holding leases to the last
+commit, rebalancing included). It also prints how the wakes spread over the masters.
+The raw redis-py baseline of the same run is the single-Redis loop above.
+
 The last line of output is every figure as one JSON object.
 """
 
@@ -119,12 +128,15 @@ class Probe:
         self.committed_at: float | None = None  # perf_counter when the last message committed
         self.done = asyncio.Event()
         self.done_stamped = asyncio.Event()
+        self.by_partition: dict[str, int] = {}  # wakes that committed messages, per partition
 
     def commit_returned(self, url: str, cursor: str, acks: int) -> None:
         self.acked += acks
         entry = self.inflight.pop(url, None) if cursor else None
         if entry is not None:
             count, stamps = entry
+            p = str(PARTITION_OF(url))
+            self.by_partition[p] = self.by_partition.get(p, 0) + 1
             now = time.time()
             self.committed += count
             self.committed_stamped += len(stamps)
@@ -138,6 +150,7 @@ class Probe:
 
 
 PROBE = Probe()
+PARTITION_OF: Callable[[str], int] = Keyspace("x", 16).partition  # set by the worker roles
 registry = Registry()
 
 
@@ -206,6 +219,8 @@ async def until_idle(worker: Worker) -> None:
 
 
 async def worker_main(args: argparse.Namespace) -> None:
+    global PARTITION_OF
+    PARTITION_OF = Keyspace(args.prefix, args.partitions).partition
     PROBE.writes = args.writes
     PROBE.target = args.expect
     PROBE.target_stamped = args.expect_latency
@@ -264,6 +279,35 @@ async def worker_main(args: argparse.Namespace) -> None:
     worker.stop()
     await task
     await conn.aclose()
+
+
+async def share_main(args: argparse.Namespace) -> None:
+    """A worker among several (``--cluster``): reports its committed messages and wakes
+    per partition every 50 ms until killed."""
+    global PARTITION_OF
+    PARTITION_OF = Keyspace(args.prefix, args.partitions).partition
+    settings = Settings.from_env(
+        redis_url=args.redis, prefix=args.prefix, partitions=args.partitions
+    )
+    conn = connect(args.redis)
+    store = BenchStore(
+        conn,
+        Keyspace(settings.prefix, settings.partitions),
+        idempotency_ttl_ms=settings.idempotency_ttl_s * 1000,
+    )
+    worker = Worker(registry, store, settings)
+    task = asyncio.create_task(worker.run())
+    ready = asyncio.create_task(worker.ready.wait())
+    await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+    gc.collect()
+    gc.freeze()
+    emit(event="ready")
+    while not task.done():
+        emit(event="progress", committed=PROBE.committed, by_partition=PROBE.by_partition)
+        await asyncio.sleep(0.05)
+    task.result()
 
 
 # -- raw consumer process -------------------------------------------------------
@@ -587,6 +631,111 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
+async def drain_with_workers(
+    args: argparse.Namespace, url: str, workers: int, prefix: str
+) -> dict[str, Any]:
+    """Preload one message to each of ``--messages`` entities on ``url``, then drain them
+    with ``workers`` worker processes started together."""
+    settings = Settings.from_env(redis_url=url, prefix=prefix, partitions=args.partitions)
+    rt = await Runtime(registry, settings=settings, run_worker=False).start()
+    urls = entity_urls(args.messages)
+    for start in range(0, len(urls), 1000):
+        await asyncio.gather(
+            *(rt.send(u, {"n": i}) for i, u in enumerate(urls[start : start + 1000]))
+        )
+    children = [
+        await _Child.start(__file__, "share", url, prefix, partitions=args.partitions)
+        for _ in range(workers)
+    ]
+    try:
+        await asyncio.gather(*(c.expect("ready", STARTUP_TIMEOUT_S) for c in children))
+        t0 = time.perf_counter()
+        latest: list[dict[str, Any]] = [{"committed": 0, "by_partition": {}} for _ in children]
+        deadline = time.monotonic() + phase_timeout(args)
+        while sum(x["committed"] for x in latest) < args.messages:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not drain {args.messages} messages")
+            for i, child in enumerate(children):
+                latest[i] = await child.expect("progress", 30)
+        seconds = time.perf_counter() - t0
+        by_partition: dict[int, int] = {}
+        for report in latest:
+            for p, n in report["by_partition"].items():
+                by_partition[int(p)] = by_partition.get(int(p), 0) + n
+        return {"wakes_per_s": args.messages / seconds, "by_partition": by_partition}
+    finally:
+        for child in children:
+            child.kill()
+        await rt.close()
+
+
+async def cluster_main(args: argparse.Namespace) -> int:
+    """``--cluster``: 1, 2 and 3 workers on one Redis and on a 3-master cluster."""
+    from redis.asyncio.cluster import RedisCluster
+
+    root = __file__.rsplit("/scripts/", 1)[0]
+    sys.path.insert(0, root)
+    from tests.cluster_helpers import LocalCluster
+
+    local = None if args.cluster_url else LocalCluster().start()
+    cluster_url = args.cluster_url or local.url  # type: ignore[union-attr]
+    single = Redis.from_url(args.redis, decode_responses=False)
+    machine = await describe_machine(single)
+    base = unique_prefix("wkbench")
+    rows: list[dict[str, Any]] = []
+    try:
+        raw = await run_raw(args, single, f"{base}-raw")
+        raw_tp = raw["throughput"]["messages"] / raw["throughput"]["seconds"]
+        seeds = cluster_url.split("://", 1)[1].split(",")[0]
+        host, _, port = seeds.rpartition(":")
+        rc = await RedisCluster(host=host, port=int(port)).initialize()
+        for workers in (1, 2, 3):
+            for kind, url in (("redis", args.redis), ("cluster", cluster_url)):
+                prefix = f"{base}-{kind[0]}{workers}"
+                result = await drain_with_workers(args, url, workers, prefix)
+                row = {"backend": kind, "workers": workers, "wakes_per_s": result["wakes_per_s"]}
+                if kind == "cluster":
+                    ks = Keyspace(prefix, args.partitions)
+                    spread: dict[str, int] = {}
+                    for p, n in result["by_partition"].items():
+                        node = rc.get_node_from_key(ks.inbox(p)).name
+                        spread[node] = spread.get(node, 0) + n
+                    row["wakes_by_master"] = spread
+                rows.append(row)
+                print(
+                    f"  {kind:<8} {workers} worker(s): {fmt(row['wakes_per_s'])} wakes/s"
+                    + (
+                        f"  wakes by master {row['wakes_by_master']}"
+                        if "wakes_by_master" in row
+                        else ""
+                    ),
+                    flush=True,
+                )
+        await rc.aclose()
+    finally:
+        for n in (1, 2, 3):
+            await delete_prefix(single, f"{base}-r{n}")
+        await delete_prefix(single, f"{base}-raw")
+        await single.aclose()
+        if local is not None:
+            local.stop()
+    print()
+    print(
+        f"wakes/s, one message per entity, {args.messages:,} entities, {args.partitions} partitions"
+    )
+    print(f"  {'workers':<10}{'one Redis':>12}{'cluster':>12}{'cluster/one':>13}")
+    for workers in (1, 2, 3):
+        one = next(r for r in rows if r["backend"] == "redis" and r["workers"] == workers)
+        many = next(r for r in rows if r["backend"] == "cluster" and r["workers"] == workers)
+        print(
+            f"  {workers:<10}{fmt(one['wakes_per_s']):>12}{fmt(many['wakes_per_s']):>12}"
+            f"{many['wakes_per_s'] / one['wakes_per_s']:>13.2f}"
+        )
+    print(f"  raw redis-py loop on one Redis (same run): {fmt(raw_tp)} msgs/s")
+    print(json.dumps({"machine": machine, "raw_msgs_per_s": raw_tp, "rows": rows}))
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Wakeful wake throughput and latency next to a raw redis-py loop.",
@@ -613,9 +762,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the one-message-per-entity throughput run",
     )
 
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="1, 2, 3 workers on one Redis and on a local 3-master cluster (see above)",
+    )
+    parser.add_argument("--cluster-url", help="with --cluster: use this cluster instead")
+
     # internal: the consumer processes
     parser.add_argument(
-        "--role", choices=["main", "worker", "raw"], default="main", help=argparse.SUPPRESS
+        "--role", choices=["main", "worker", "raw", "share"], default="main", help=argparse.SUPPRESS
     )
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
@@ -638,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "raw":
             asyncio.run(raw_main(args))
             return 0
+        if args.role == "share":
+            asyncio.run(share_main(args))
+            return 0
+        if args.cluster or args.cluster_url:
+            return asyncio.run(cluster_main(args))
         return asyncio.run(main_async(args))
     except ResponseError as exc:
         print(f"bench_wakes: Redis error: {exc}", file=sys.stderr)

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Run the lint, the type check, the import layers and the whole test suite, on fakeredis and on a real Redis.
 # Starts a Redis on 127.0.0.1:6379 if none answers there (installing it if needed).
+# The cluster tests (tests/test_cluster.py, marked `cluster`) start local Redis Clusters of their own.
+#   scripts/test.sh --cluster [pytest args]   runs the Redis-backed subset below on the
+#   cluster backend too (a local 3-master, 3-replica cluster; about two to three minutes).
+CLUSTER_SUBSET=(tests/test_cluster.py tests/test_leases.py tests/test_wake_pointers.py
+  tests/test_scripts.py tests/test_delivery.py tests/test_bad_items.py tests/test_commit_points.py
+  tests/test_retention.py tests/test_schedules.py)
 source "$(dirname "$0")/_venv.sh" test
 
 # Another install holding the package manager's lock: wait for it (10 min) instead of failing.
@@ -31,4 +37,8 @@ fi
 .venv/bin/ruff format --check --quiet .
 # mypy and the import layers, on the package as it installs (wakeful.*).
 .venv/bin/python scripts/check_types.py
+if [ "${1:-}" = "--cluster" ]; then
+  shift
+  WAKEFUL_TEST_CLUSTER=1 exec .venv/bin/python -m pytest -k "cluster" "${CLUSTER_SUBSET[@]}" "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

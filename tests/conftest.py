@@ -20,6 +20,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
+from tests.cluster_helpers import SlotCheck
 from wakeful import Registry, Runtime, Settings
 from wakeful.connection import connect
 
@@ -37,8 +38,23 @@ class _SourceFoldersAreNotPackages(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _SourceFoldersAreNotPackages())
 
+
+@pytest.fixture(autouse=True)
+def same_slot_check() -> Iterator[None]:
+    """Every command that reaches a fakeredis server (the fake backend, the embedded
+    runtime) must name keys of one cluster slot only, and every script may touch its
+    own slot only: what a Redis Cluster refuses (CROSSSLOT) fails the test here."""
+    SlotCheck.install()
+    SlotCheck.reset()
+    yield
+    if seen := SlotCheck.reset():
+        pytest.fail(f"commands over several cluster slots: {seen[:5]}")
+
+
 REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-BACKENDS = ["fake", "redis"]
+# WAKEFUL_TEST_CLUSTER=1 (scripts/test.sh --cluster) adds a third backend: a local Redis
+# Cluster of 3 masters and 3 replicas (tests/cluster_helpers.py), started once per session.
+BACKENDS = ["fake", "redis", *(["cluster"] if os.environ.get("WAKEFUL_TEST_CLUSTER") else [])]
 
 
 @pytest.fixture
@@ -72,11 +88,29 @@ def tcp_fake_url() -> Iterator[str]:
     server.shutdown()
 
 
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    """A local Redis Cluster for the ``cluster`` backend (see BACKENDS)."""
+    from tests.cluster_helpers import LocalCluster
+
+    local = LocalCluster().start()
+    try:
+        yield local.url
+    finally:
+        local.stop()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "redis":
         request.getfixturevalue("real_redis_url")
+    if request.param == "cluster":
+        global CLUSTER_URL
+        CLUSTER_URL = request.getfixturevalue("cluster_url")
     return request.param
+
+
+CLUSTER_URL = ""  # of the cluster backend, once a test asked for it
 
 
 @pytest.fixture
@@ -87,6 +121,8 @@ def prefix() -> str:
 @pytest.fixture
 def server_url(backend: str, request: pytest.FixtureRequest) -> str:
     """A Redis URL reachable from other processes, for the current backend."""
+    if backend == "cluster":
+        return CLUSTER_URL
     return request.getfixturevalue("real_redis_url" if backend == "redis" else "tcp_fake_url")
 
 
@@ -102,6 +138,8 @@ class Cluster:
     def redis(self) -> Redis:
         if self.fake_server is not None:
             return fakeredis.aioredis.FakeRedis(server=self.fake_server)
+        if self.backend == "cluster":
+            return connect(CLUSTER_URL)
         return connect(REAL_REDIS_URL)  # the connection the runtime itself makes
 
     def settings(self, **overrides: Any) -> Settings:
@@ -139,6 +177,11 @@ class Cluster:
             if keys:
                 await r.delete(*keys)
             await r.aclose()
+        if self.backend == "cluster":  # SCAN on every master; DEL key by key (slots differ)
+            c = connect(CLUSTER_URL)
+            async for key in c.scan_iter(match=f"{self.prefix}:*", count=1000):
+                await c.delete(key)
+            await c.aclose()
 
 
 @pytest.fixture

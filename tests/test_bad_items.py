@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 import pytest
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from tests.apps.harness import until
 from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings, WakefulError
+from wakeful.connection import connect
 from wakeful.keys import GROUP
 
 pytestmark = pytest.mark.anyio
@@ -259,19 +259,22 @@ async def test_wakeful_bad_lists_what_was_moved_aside(server_url, prefix):
         assert f"{inbox}\tpointer\t{bad_id}\tit has no 'u' field" in plain.stdout
     finally:
         await rt.close()
-        redis = Redis.from_url(server_url)
-        if keys := [k async for k in redis.scan_iter(match=f"{prefix}:*")]:
-            await redis.delete(*keys)
+        redis = connect(server_url)  # a cluster URL too
+        async for key in redis.scan_iter(match=f"{prefix}:*"):
+            await redis.delete(key)
         await redis.aclose()
 
 
 async def test_a_cancel_request_that_is_not_utf8_does_not_stop_the_cancel_relay(cluster):
     seen: list[object] = []
     rt = await cluster.runtime(app(seen))
-    channel = rt.store.keys.cancel_channel(url_in(rt, 1))
+    keys, url = rt.store.keys, url_in(rt, 1)
 
     async def delivered() -> bool:  # once the worker's subscription is listening
-        return bool(await rt.store.redis.publish(channel, b"\xff\xfe"))
+        if cluster.backend == "cluster":  # the partition's shard channel
+            channel = keys.cancel_shard(keys.partition(url))
+            return bool(await rt.store.redis.execute_command("SPUBLISH", channel, b"\xff\xfe"))
+        return bool(await rt.store.redis.publish(keys.cancel_channel(url), b"\xff\xfe"))
 
     await until(delivered, 10, "the worker's cancel listener to get the request")
     await served(rt, url_in(rt, 1), "still served", seen)
