@@ -97,10 +97,8 @@ async def main_async(args: argparse.Namespace) -> int:
         rt = await Runtime(registry, settings=settings, run_worker=True).start()
         try:
             t = time.perf_counter()
-            for start in range(0, len(urls), 1000):
-                await asyncio.gather(
-                    *(rt.send(url, {"n": 1}) for url in urls[start : start + 1000])
-                )
+            for start in range(0, len(urls), 200):  # small batches: the worker keeps up
+                await asyncio.gather(*(rt.send(url, {"n": 1}) for url in urls[start : start + 200]))
             await rt.wait_all_idle(timeout=600)
             print(f"  created in {time.perf_counter() - t:.1f} s", flush=True)
         finally:
