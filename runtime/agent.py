@@ -5,10 +5,13 @@ Everything is journaled in the entity log and committed as it happens:
 
 1. new inputs of the wake (messages, children's results, ...) become a
    ``user_turn``;
-2. each model response is an ``assistant_step``, committed before any of its
-   tool calls runs;
-3. the step's tool calls get a ``tool_intent`` (committed) before ``execute``
-   and a ``tool_result`` (committed) after.
+2. each model response is an ``assistant_step``, committed with its tool calls'
+   ``tool_intent`` (one commit) before any of them runs;
+3. each call's ``tool_result`` is committed after ``execute``;
+4. the run's end (with the last step) is committed with the wake's own commit.
+
+So a step costs at most two commits (its step with the intents, and its results);
+a crash after the model answered but before the step's commit asks the model again.
 
 If the worker dies, the next one replays the handler and ``run()`` resumes from
 the journal: journaled steps are not sent to the model again, settled calls
@@ -380,7 +383,10 @@ class Agent(ToolCalls):
                 if gave_up is None:
                     raise SuspendRun from None
                 return await self._finish(run_id, "failed", error=gave_up)
-            await self._journal(
+            # Recorded, not committed: the step is committed with what comes next (its
+            # calls' intents before any runs, its refused calls, a pending action, or the
+            # run's end with the wake's commit). A crash before that asks the model again.
+            self.wake.activation.record(
                 AssistantStep(
                     run_id=run_id,
                     step=len(steps) + 1,
@@ -619,8 +625,9 @@ class Agent(ToolCalls):
             output=output,
             output_type=output_type,
         )
-        async with self._commit_lock:
-            await self.wake.flush()
+        # Not a commit point of its own: the run's end is committed with the wake (with
+        # the last step, and whatever the handler does after ``run()`` returns). A crash
+        # or a failure of the handler before that resumes the journal and ends it again.
         return RunResult(
             run_id=run_id,
             status=status,

@@ -56,7 +56,7 @@ from .client import Runtime
 from .config import Settings
 from .connection import CLUSTER_SCHEMES
 from .content_blocks import attachment
-from .errors import RedisFullError, ReplicaWaitError, WakefulError
+from .errors import EntityNotFoundError, RedisFullError, ReplicaWaitError, WakefulError
 from .events import LogRecord, TrimmedRecord
 from .json_values import decode_json
 from .live import LiveRecord
@@ -64,7 +64,7 @@ from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .registry import Registry
 from .retention import json_lines
 from .status import EntityStatus
-from .tasks import first_error, first_of
+from .tasks import first_of
 from .terminal import err, out
 
 # Exit code 6 (UNREACHABLE): Redis did not answer, or a cluster is failing over or moving
@@ -374,13 +374,12 @@ async def _ls(args: argparse.Namespace) -> int:
 
 
 async def _statuses(rt: Runtime, urls: list[str]) -> list[EntityStatus]:
-    """The status of each of ``urls``, read concurrently; the first error is raised."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            reads = [group.create_task(rt.status(url)) for url in urls]
-    except ExceptionGroup as failed:
-        raise first_error(failed) from None
-    return [read.result() for read in reads]
+    """The status of each of ``urls``, in one bulk read; a missing entity is an error."""
+    found = await rt.statuses(urls)
+    for url in urls:
+        if found.get(url) is None:
+            raise EntityNotFoundError(url)
+    return [status for url in urls if (status := found[url]) is not None]
 
 
 class _nothing:

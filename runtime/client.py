@@ -27,6 +27,7 @@ from .actions import (
 )
 from .capabilities import Capability
 from .client_actions import PendingActions
+from .client_bulk import BulkReads
 from .client_log import LogExport
 from .client_schedules import RecurringSchedules
 from .config import Settings
@@ -96,7 +97,7 @@ class WorkerInfo:
     expires_in_ms: int
 
 
-class Runtime(PendingActions, RecurringSchedules, LogExport):
+class Runtime(PendingActions, RecurringSchedules, LogExport, BulkReads):
     def __init__(
         self,
         registry: Registry | None = None,
@@ -809,14 +810,16 @@ class Runtime(PendingActions, RecurringSchedules, LogExport):
             previous = positions
 
     async def _wait_each_idle(self, urls: list[str], timeout: float) -> dict[str, EntityStatus]:
-        found: dict[str, EntityStatus] = {}
+        # One bulk read first: only the entities not at rest yet are waited on, each.
+        found = {url: st for url, st in (await self.statuses(urls)).items() if st and st.at_rest}
 
         async def settle(url: str) -> None:
             found[url] = await self.wait_idle(url, timeout=timeout)
 
-        if urls:
-            await all_of([settle(url) for url in urls])
-        return found
+        busy = [url for url in urls if url not in found]
+        if busy:
+            await all_of([settle(url) for url in busy])
+        return {url: found[url] for url in urls}
 
     async def _urls_of(self, types: list[str]) -> list[str]:
         urls: list[str] = []

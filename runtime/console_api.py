@@ -218,11 +218,14 @@ async def _rows(runtime: Runtime, urls: list[str]) -> dict[str, dict[str, Any]]:
     """The listing row of each entity (one gone meanwhile has none)."""
     gate = asyncio.Semaphore(READS_AT_ONCE)
     rows: dict[str, dict[str, Any]] = {}
+    statuses = await runtime.statuses(urls)  # one bulk read; then the lag where there is one
 
     async def read(url: str) -> None:
+        status = statuses.get(url)
+        if status is None:
+            return
         async with gate:
             try:
-                status = await runtime.status(url)
                 lag = await _lag(runtime, status)
             except EntityNotFoundError:
                 return

@@ -7,6 +7,7 @@ partition leases, the inbox and timers): plain Redis reads, decoded through
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -18,6 +19,9 @@ from .keys import GROUP
 from .replies import EntityMeta, Entry, as_str, parse_identity, parse_meta, stream_entries
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
+
+BULK_BATCH = 500  # urls per pipeline of a bulk read (each pipeline is one round trip)
+BULK_AT_ONCE = 4  # pipelines of one bulk read in flight at once
 
 # The casts narrow redis-py's replies to what the store's connections return (RESP2,
 # no decoding: lists and bytes); see store.py.
@@ -193,6 +197,71 @@ class EntityReads(ScriptRunner):
     async def published_type_names(self) -> list[str]:
         """Names of the types the workers published."""
         return [as_str(name) for name in await self.redis.hkeys(self.keys.types)]
+
+    # -- reads of many entities at once: grouped by partition (the keys of one partition
+    # share its hash tag), one pipeline of up to BULK_BATCH entities per round trip. An
+    # entity that does not exist is reported in its place, never raised.
+
+    async def _pipelined(self, urls: list[str], stage: Any) -> list[Any]:
+        """``stage(pipe, url)`` for each url, pipelined per partition; the replies in
+        the order of ``urls`` (an error reply stays in its place, as the exception)."""
+        by_partition: dict[int, list[int]] = {}
+        for i, url in enumerate(urls):
+            by_partition.setdefault(self.keys.partition(url), []).append(i)
+        batches = [
+            group[start : start + BULK_BATCH]
+            for group in by_partition.values()
+            for start in range(0, len(group), BULK_BATCH)
+        ]
+        out: list[Any] = [None] * len(urls)
+        gate = asyncio.Semaphore(BULK_AT_ONCE)
+
+        async def run(batch: list[int]) -> None:
+            async with gate:
+                pipe = self.redis.pipeline(transaction=False)
+                for i in batch:
+                    stage(pipe, urls[i])
+                replies = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(batch, replies, strict=True):
+                out[i] = reply
+
+        await asyncio.gather(*(run(batch) for batch in batches))
+        return out
+
+    async def metas_of(self, urls: list[str]) -> list[EntityMeta | None]:
+        """The parsed metadata of each entity (None: no such entity)."""
+
+        def stage(pipe: Pipeline, url: str) -> None:
+            pipe.hgetall(self.keys.meta(url))
+
+        out: list[EntityMeta | None] = []
+        for reply in await self._pipelined(urls, stage):
+            if isinstance(reply, Exception):
+                raise reply
+            raw = cast("dict[bytes, bytes]", reply)
+            out.append(parse_meta({as_str(f): v for f, v in raw.items()}))
+        return out
+
+    async def loads(self, urls: list[str], page: int = 1000) -> list[Loaded]:
+        """:meth:`load` (from the snapshot) of each entity; a gone entity's has no
+        metadata (``info`` None)."""
+        k = self.keys
+
+        def stage(pipe: Pipeline, url: str) -> None:
+            keys = [k.meta(url), k.snap(url), k.log(url), k.conv(url)]
+            pipe.evalsha(LOAD.sha, len(keys), *keys, "", page)
+
+        out: list[Loaded] = []
+        for url, reply in zip(urls, await self._pipelined(urls, stage), strict=True):
+            if isinstance(reply, Exception) or len(reply[2]) == page:
+                # NOSCRIPT (a restarted Redis) or a long log: the single read handles it
+                out.append(await self.load(url, None, page))
+                continue
+            meta_flat, snapshot, raw, chunks_flat = reply
+            meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+            chunks = dict(zip(chunks_flat[::2], chunks_flat[1::2], strict=True))
+            out.append(Loaded(meta, parse_meta(meta), snapshot, stream_entries(raw), chunks))
+        return out
 
 
 def _count(reply: Any) -> int:

@@ -14,8 +14,11 @@ model=ScriptedModel(fn), tools=[echo])`` and ``await ctx.agent.run()``. ``fn``
 answers at once: ``--tool-steps`` responses that each call the trivial ``echo``
 tool, then a text that ends the turn, so a run has ``tool-steps + 1`` model steps
 and ``tool-steps`` tool calls (default 2 steps + 1 tool call). Every journaled step
-is a commit (user turn, assistant step, tool intent, tool result, the run's end),
-plus the wake's final commit; the commits per step are counted at the store.
+is committed (the user turn; each assistant step with its calls' tool intents; each
+tool result; the last step and the run's end with the wake's own commit); the commits
+per step are counted at the store. The runtime's ms per step (low load, p50) and the
+commits per step are printed with PASS or MISS against issue 19's targets (at most
+0.5 ms and 2 commits a step).
 Since the model costs nothing, everything a step takes is the runtime's.
 
 **Low load: ms per step.** One entity, ``--seq-runs`` runs one after the other
@@ -179,6 +182,10 @@ class Probe:
             self.groups[name] = Group()
         return self.groups[name]
 
+
+# issue 19's targets for an agent step: the runtime's ms per step and its commits
+STEP_MS_TARGET = 0.5
+STEP_COMMITS_TARGET = 2.0
 
 PROBE = Probe()
 registry = Registry()
@@ -496,6 +503,22 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{seq['runtime_per_step_last_ms']:.2f} over the last; worker full GCs "
         f"{seq['gc']['full_collections']} (max {seq['gc']['max_ms']:.1f} ms)"
     )
+    ms_step = seq["runtime_per_step"]["p50"]
+    commits_step = tp["commits_per_step"]
+    ms_ok = ms_step <= STEP_MS_TARGET
+    commits_ok = commits_step <= STEP_COMMITS_TARGET
+    print()
+    print("targets (issue 19: agent step overhead), next to the raw loop of this run")
+    print(
+        f"  runtime ms per step (worker, low load, p50): {ms_step:.2f} ms, target <= "
+        f"{STEP_MS_TARGET} ms: {'PASS' if ms_ok else 'MISS'} (ratio to target "
+        f"{ms_step / STEP_MS_TARGET:.2f}; raw loop {raw['cpu_us_per_msg'] / 1000:.3f} ms per "
+        f"message, so a step is {ms_step * 1000 / raw['cpu_us_per_msg']:.0f} raw messages)"
+    )
+    print(
+        f"  commits per step: {commits_step:.2f} (low load {seq['commits_per_step']:.2f}), "
+        f"target <= {STEP_COMMITS_TARGET}: {'PASS' if commits_ok else 'MISS'}"
+    )
     print()
     print(
         json.dumps(
@@ -523,6 +546,10 @@ async def main_async(args: argparse.Namespace) -> int:
                     "ms_per_step_low_load_p50": seq["per_step"]["p50"],
                     "runtime_ms_per_step_low_load_p50": seq["runtime_per_step"]["p50"],
                     "commits_per_step": tp["commits_per_step"],
+                    "step_ms_target": STEP_MS_TARGET,
+                    "step_ms_verdict": "PASS" if ms_ok else "MISS",
+                    "step_commits_target": STEP_COMMITS_TARGET,
+                    "step_commits_verdict": "PASS" if commits_ok else "MISS",
                 },
             }
         )

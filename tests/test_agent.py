@@ -214,9 +214,9 @@ async def run_with_crash(cluster, reg: Registry, url: str, point: str, hit: int)
     return await crash_and_recover(cluster, reg, url, "add things", point, hit, timeout=20)
 
 
-# The crash-free run commits: user turn, step 1, intents, 2 results, step 2, intent,
-# result, step 3 (and the run's end at the end of the wake): 9 flushes.
-FLUSHES = 9
+# The crash-free run commits: user turn, step 1 with its intents, 2 results, step 2 with
+# its intent, its result: 6 flushes; step 3 and the run's end go with the wake's commit.
+FLUSHES = 6
 
 
 async def crash_at_every_flush(
@@ -232,7 +232,10 @@ async def crash_at_every_flush(
     await reference.close()
     cluster.runtimes.remove(reference)
 
-    for hit in range(1, FLUSHES + 1):
+    # The flushes of the run, then the wake's own commit (step 3 and the run's end).
+    wake_point = point.replace("flush:", "wake:")
+    crashes = [(point, hit) for hit in range(1, FLUSHES + 1)] + [(wake_point, 1)]
+    for point, hit in crashes:
         executions: list[str] = []
         model = adding_model()
         url = f"/bot/{point.replace(':', '-')}-{hit}"
@@ -278,9 +281,9 @@ async def test_crash_before_a_step_is_journaled_calls_the_model_again_for_that_s
 
 async def test_an_in_doubt_call_is_rerun_with_the_same_id(cluster):
     executions: list[str] = []
-    # Flush 4 commits the first tool result: die before it, after the tool ran.
+    # Flush 3 commits the first tool result: die before it, after the tool ran.
     rt = await run_with_crash(
-        cluster, adding_app(adding_model(), executions), "/bot/b", "flush:before-commit", 4
+        cluster, adding_app(adding_model(), executions), "/bot/b", "flush:before-commit", 3
     )
     assert sorted(set(executions)) == ["c1", "c2", "c3"]
     assert len(executions) in (4, 5)  # one or both parallel calls were in doubt, and ran again
@@ -296,7 +299,7 @@ async def test_an_in_doubt_call_of_a_tool_that_must_not_rerun_is_reported_interr
         adding_app(adding_model(), executions, rerun=False),
         "/bot/b",
         "flush:before-commit",
-        4,
+        3,
     )
     assert len(executions) == len(set(executions))  # nothing ran twice
     outcomes = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
@@ -516,3 +519,35 @@ async def _until_interrupted(caplog: pytest.LogCaptureFixture, url: str) -> None
         )
 
     await until(interrupted, 15, "the worker to end the wake as interrupted")
+
+
+# --- commits per step ---------------------------------------------------------------
+
+
+async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
+    """A step is committed with its calls' intents, the last step with the run's end
+    and the wake: a run of two tool steps and an answer is four commits (one for the
+    user turn, one per step with its intent, one per result, one for the answer)."""
+    from wakeful.store import Store
+
+    commits: list[str] = []
+    original = Store.commit
+
+    async def counting(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
+        commits.append(url)
+        return await original(store, url, token, **kwargs)
+
+    monkeypatch.setattr(Store, "commit", counting)
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        steps = sum(1 for m in request.messages if m["role"] == "assistant")
+        if steps < 2:
+            return ModelResponse(content=[call(f"c{steps}", steps, 1)], stop_reason="tool_use")
+        return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+
+    executions: list[str] = []
+    rt = await cluster.runtime(adding_app(ScriptedModel(respond), executions))
+    assert await rt.ask("/bot/n", "add") == "done"
+    assert executions == ["c0", "c1"]
+    # user turn; step 1 + intent; result; step 2 + intent; result; step 3 + end + wake
+    assert commits.count("/bot/n") == 6

@@ -290,8 +290,8 @@ async def test_a_wake_replayed_after_a_reset_does_not_take_its_message_again(clu
     # commits. The replayed wake must not find its message "fresh" (its turn is gone).
     api = WindowedAPI()
     app = chat_app(api, reset_after_run=True)
-    # Commit points of the wake: the user turn, the step, the run's end, the reset.
-    rt = await crash_and_recover(cluster, app, "/chat/taken", "one", "flush:after-commit", 4)
+    # Commit points of the wake: the user turn; the step and the run's end with the reset.
+    rt = await crash_and_recover(cluster, app, "/chat/taken", "one", "flush:after-commit", 2)
     assert len(api.sent) == 1  # one model call: the message was not taken twice
     assert await rt.conversation("/chat/taken") == []
     assert len(await log_events(rt, "/chat/taken", UserTurn)) == 1

@@ -45,7 +45,7 @@ async def test_a_lapsed_lease_stops_the_wake_before_a_model_call_or_a_tool(clust
             calls_while_lapsed.append("model")
         if not any(m["role"] == "assistant" for m in request.messages):
             if lapse_before == "tool":
-                armed.extend([True, True])  # after the step's commit and the intent's
+                armed.append(True)  # after the commit of the step with its intent
             call = {"type": "tool_use", "id": "n1", "name": "note", "input": {"text": "hi"}}
             return ModelResponse(content=[call], stop_reason="tool_use")
         return ModelResponse(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")

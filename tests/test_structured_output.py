@@ -319,24 +319,23 @@ async def test_a_crash_after_any_commit_of_the_run_resumes_to_the_same_answer(cl
     """Every decision about the answer is made from journaled events: a worker killed
     after any commit of a run with one correction resumes to the same output, and
     never asks the model for a step it journaled."""
-    # Commits: user turn, step 1, its intent, its (invalid) result, step 2, its intent,
-    # its result, the run's end.
-    for hit in range(1, 9):
+    # Commits: user turn, step 1 with its intent, its (invalid) result, step 2 with its
+    # intent, its result; then the run's end with the wake's own commit.
+    crashes = [("flush:after-commit", hit) for hit in range(1, 6)] + [("wake:after-commit", 1)]
+    for point, hit in crashes:
         model = ScriptedModel(
             [
                 ScriptedModel.tool_calls(("final_answer", {"winner": 3})),
                 ScriptedModel.tool_calls(("final_answer", {"winner": "blue"})),
             ]
         )
-        url = f"/judge/crash-{hit}"
-        rt = await crash_and_recover(
-            cluster, judge_app(model), url, "Who wins?", "flush:after-commit", hit
-        )
+        url = f"/judge/crash-{point.replace(':', '-')}-{hit}"
+        rt = await crash_and_recover(cluster, judge_app(model), url, "Who wins?", point, hit)
         finished = await events_of(rt, url, RunFinished)
         assert [(f.status, f.output, f.output_type) for f in finished] == [
             ("completed", {"winner": "blue", "score": 0, "reasons": []}, "Verdict")
-        ], f"crash after commit {hit}"
-        assert len(model.requests) == 2, f"crash after commit {hit}: a step was asked again"
+        ], f"crash at {point} {hit}"
+        assert len(model.requests) == 2, f"crash at {point} {hit}: a step was asked again"
         await rt.close()
         cluster.runtimes.remove(rt)
 
