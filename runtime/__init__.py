@@ -2,7 +2,8 @@
 
 from .agent import AgentTool, RunResult, ToolResult
 from .cancellation import CancelSignal
-from .client import Runtime, WorkerInfo
+from .client import Runtime
+from .client_workers import WorkerInfo
 from .config import Settings
 from .content_blocks import attachment
 from .context import EntityHandle, HandlerContext
