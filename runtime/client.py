@@ -71,8 +71,8 @@ log = logging.getLogger("wakeful.client")
 
 
 class Runtime(
-    StateReads,
     LogReads,
+    StateReads,
     IdleWaiting,
     WorkerListing,
     PendingActions,

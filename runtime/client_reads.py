@@ -39,15 +39,8 @@ class StateReads:
         @property
         def _store(self) -> Store: ...  # the runtime's store
 
-        def events(
-            self,
-            url: str,
-            *,
-            after: str | None = None,
-            follow: bool = False,
-            live: bool = False,
-            live_after: str | None = None,
-            block_ms: int = 5000,
+        def events(  # LogReads' (before this class in Runtime's bases)
+            self, url: str, *, after: str | None = None
         ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord, None]: ...
 
     async def history(self, url: str) -> list[HistoryEvent]:

@@ -170,15 +170,8 @@ class IdleWaiting:
 
         async def pending_actions(self, url: str) -> list[ActionRequested]: ...
 
-        def events(
-            self,
-            url: str,
-            *,
-            after: str | None = None,
-            follow: bool = False,
-            live: bool = False,
-            live_after: str | None = None,
-            block_ms: int = 5000,
+        def events(  # LogReads' (before this class in Runtime's bases)
+            self, url: str, *, after: str | None = None
         ) -> AsyncGenerator[LogRecord | UndecodableRecord | LiveRecord | TrimmedRecord, None]: ...
 
         async def list(self, type_name: str | None = None) -> list[str]: ...
