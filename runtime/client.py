@@ -3,6 +3,12 @@
 ``Runtime(registry)`` with no Redis URL is the embedded default: an in-process
 fakeredis and a worker in the same process. With ``redis_url`` it is a client of
 a shared Redis; pass ``run_worker=True`` to also run a worker in-process.
+
+This module holds its lifecycle (start, close, the embedded worker) and its writes
+(send, create, cancel, delete, compact, resume); the rest comes from its base
+classes, one job each: ``client_events`` (the log followed), ``client_reads``
+(an entity as committed), ``client_waiting`` (idle waits and ``ask``),
+``client_workers``, ``client_actions``, ``client_schedules`` and ``client_log``.
 """
 
 from __future__ import annotations
