@@ -2,7 +2,8 @@
 
 from .agent import AgentTool, RunResult, ToolResult
 from .cancellation import CancelSignal
-from .client import Runtime, WorkerInfo
+from .client import Runtime
+from .client_workers import WorkerInfo
 from .config import Settings
 from .content_blocks import attachment
 from .context import EntityHandle, HandlerContext
@@ -17,6 +18,7 @@ from .contracts import (
     define_tool,
     tool,
 )
+from .database import CollectionHandle, CollectionView
 from .errors import (
     ActionError,
     ActionNotAuthorizedError,
@@ -104,7 +106,7 @@ from .registry import EntityType, Registry
 from .retention import JsonlExporter
 from .schedules import CronSchedule
 from .schema import Collection
-from .state import ChildInfo, CollectionHandle, CollectionView
+from .state import ChildInfo
 from .status import EntityStatus, RunInfo
 from .urls import EntityUrl, entity_url, parse_url
 from .wake import Wake, WakeInfo

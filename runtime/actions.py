@@ -1,7 +1,7 @@
 """Pending tool actions: answering client-routed tool calls and approvals.
 
 ("Actions" here are tool calls waiting for someone outside the run; the
-collection writes of ``ctx.db.actions`` are another thing, see state.py.)
+collection writes of ``ctx.db.actions`` are another thing, see database.py.)
 
 When the model calls a client-routed tool, or a tool that needs approval, the
 run journals an ``action_requested`` event and suspends. A client answers with

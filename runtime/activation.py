@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import tracing
+from .database import Database
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
     ActionRequested,
@@ -44,7 +45,7 @@ from .events import (
     encode_event,
 )
 from .scope import ALL, CURRENT_TOOL_CALL, take
-from .state import Database, EntityState
+from .state import EntityState
 from .streamids import id_gt
 
 # Flags for Store.commit: how the commit script treats each appended event.

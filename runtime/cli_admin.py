@@ -1,6 +1,6 @@
 """The ``wakeful`` command's operator commands, and the worker's health and metrics port.
 
-``cli.py`` runs the everyday commands (send, ask, tail, inspect); this module
+The everyday commands live beside it (``cli_messages``, ``cli_entities``); this module
 holds those that look after the keyspace (workers, bad items) and act on an
 entity as an operator (cancel, delete, create, state, history, submit/fail),
 so that neither file grows past one screenful of concerns.

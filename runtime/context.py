@@ -25,6 +25,7 @@ from .cancellation import CancelSignal
 from .capabilities import CapabilityPool
 from .compaction import reset_event
 from .contracts import AgentDef
+from .database import Database
 from .errors import ArgsConflictError, EntityNotFoundError
 from .events import Effect, Event, Subscription, ToolData, encode_event
 from .live import LivePublisher
@@ -32,7 +33,7 @@ from .models import Model
 from .resolution import loop_result_hook, resolve_tools
 from .runtime_tools import runtime_tools
 from .schedules import CronSchedule, check_id
-from .state import ChildInfo, Database
+from .state import ChildInfo
 from .status import EntityStatus, Schedule
 from .urls import entity_url, parse_url
 from .wake import Wake, WakeInfo

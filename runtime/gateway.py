@@ -50,14 +50,12 @@ value fails its schema, 503 too many open event streams (with ``Retry-After``),
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-from starlette import responses
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
@@ -67,13 +65,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from . import console_api, health
-from .actions import (
-    ActionError,
-    ActionNotAuthorizedError,
-    ActionNotPendingError,
-    ActionValidationError,
-    ClientToolsError,
-)
 from .authorization import (
     Access,
     Authorizer,
@@ -85,26 +76,15 @@ from .authorization import (
 )
 from .client import Runtime
 from .errors import (
-    ArgsConflictError,
     EntityNotFoundError,
     HTTPError,
-    InvalidArgsError,
-    InvalidEventError,
-    InvalidPayloadError,
-    InvalidScheduleError,
-    InvalidUrlError,
-    NotFailedError,
     OwnerChangedError,
-    PayloadTooLargeError,
-    RedisFullError,
-    UnknownEntityTypeError,
-    WaitTimeoutError,
     WakefulError,
 )
-from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
+from .gateway_responses import JSONResponse, error_response, http_exception
+from .gateway_streams import RETRY_AFTER_S, CountedStream, StreamSlots, caller_key, sse_events
 from .http_input import message_fields, query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
-from .live import LiveRecord
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .schedules import CronSchedule
 from .urls import entity_url
@@ -114,42 +94,6 @@ log = logging.getLogger("wakeful.gateway")
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
-
-
-_STATUS: list[tuple[type[Exception], int]] = [
-    (ActionNotAuthorizedError, 403),
-    (ActionNotPendingError, 409),
-    (ActionValidationError, 422),
-    (ActionError, 409),
-    (ClientToolsError, 422),
-    (InvalidUrlError, 400),
-    (UnknownEntityTypeError, 404),
-    (EntityNotFoundError, 404),
-    (PayloadTooLargeError, 413),
-    (InvalidEventError, 400),  # a field of the wrong type (nothing was written)
-    (InvalidPayloadError, 422),
-    (ArgsConflictError, 409),
-    (OwnerChangedError, 409),  # the owner kept changing while the request was checked
-    (NotFailedError, 409),
-    (InvalidArgsError, 422),
-    (InvalidScheduleError, 422),
-    (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
-    (WaitTimeoutError, 504),  # a wait (compact or reset with wait) ran out
-    (WakefulError, 400),
-]
-
-
-class JSONResponse(responses.JSONResponse):
-    """Always valid JSON. A client's NaN or Infinity is refused on the way in (see
-    http_input.py), but what a handler or a model wrote is kept as it is: a float
-    JSON cannot carry is written as ``null``, never as a bare ``NaN`` (or a 500)."""
-
-    def render(self, content: Any) -> bytes:
-        return json_text(content).encode()
-
-
-def json_text(value: Any) -> str:
-    return msgspec.json.encode(value, enc_hook=str).decode()
 
 
 def bearer_tokens(tokens: dict[str, Identity]) -> Authenticate:
@@ -163,60 +107,7 @@ def bearer_tokens(tokens: dict[str, Identity]) -> Authenticate:
     return authenticate
 
 
-def error_response(exc: Exception) -> JSONResponse:
-    if isinstance(exc, HTTPError):
-        status, kind = exc.status, exc.kind
-    else:
-        status = next(code for cls, code in _STATUS if isinstance(exc, cls))
-        kind = type(exc).__name__
-    return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
-
-
-RETRY_AFTER_S = 5  # what a refused event stream is told to wait
 CONVERSATION_WAIT_S = 30.0  # how long POST .../compact or .../reset with wait may take
-
-
-class StreamSlots:
-    """Open event streams, counted in total and per caller: each holds a Redis
-    connection while it waits, so they are capped below the client's pool."""
-
-    def __init__(self, total: int, per_caller: int) -> None:
-        self.total = total
-        self.per_caller = per_caller
-        self.open: dict[str, int] = {}
-
-    def take(self, caller: str) -> None:
-        """Count a new stream of ``caller``, or refuse it with a 503."""
-        if sum(self.open.values()) >= self.total:
-            raise HTTPError(
-                503, "TooManyStreams", f"the gateway serves {self.total} event streams already"
-            )
-        if self.open.get(caller, 0) >= self.per_caller:
-            raise HTTPError(
-                503, "TooManyStreams", f"this caller has {self.per_caller} event streams open"
-            )
-        self.open[caller] = self.open.get(caller, 0) + 1
-
-    def give_back(self, caller: str) -> None:
-        left = self.open.get(caller, 0) - 1
-        if left > 0:
-            self.open[caller] = left
-        else:
-            self.open.pop(caller, None)
-
-
-class _CountedStream(StreamingResponse):
-    """An event stream that gives its slot back when the response ends, however it ends."""
-
-    def __init__(self, stream: AsyncIterator[bytes], release: Callable[[], None]) -> None:
-        super().__init__(stream, media_type="text/event-stream")
-        self._release = release
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
 
 
 def create_app(
@@ -542,19 +433,19 @@ def create_app(
         tail = query_int(request, "tail", 0, 1, TAIL_LIMIT)
         if tail and after is None:  # a first look: only the latest entries
             after = await runtime.log_position(url, back=tail)
-        stream = _sse(runtime, url, after, live_after, live=live, follow=follow)
+        stream = sse_events(runtime, url, after, live_after, live=live, follow=follow)
         if not (follow or live):  # reads to the end of the log and returns: not held open
             return StreamingResponse(stream, media_type="text/event-stream")
-        key = _caller_key(identity, request)
+        key = caller_key(identity, request)
         slots.take(key)
-        return _CountedStream(stream, lambda: slots.give_back(key))
+        return CountedStream(stream, lambda: slots.give_back(key))
 
     base = "/entities/{type}/{id}"
     console = console_api.GatewayParts(runtime, policy, caller, entity, endpoint, JSONResponse)
     guards = [] if allowed_hosts is None else [Middleware(HostAllowList, hosts=allowed_hosts)]
     return Starlette(
         middleware=guards,
-        exception_handlers={StarletteHTTPException: _http_exception},
+        exception_handlers={StarletteHTTPException: http_exception},
         routes=[
             *health.routes(runtime),
             Route("/", console_root),
@@ -579,58 +470,3 @@ def create_app(
             Route(base + "/schedules/{schedule}", delete_schedule, methods=["DELETE"]),
         ],
     )
-
-
-async def _http_exception(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404 (no route) and 405 (wrong method), as JSON errors."""
-    assert isinstance(exc, StarletteHTTPException)
-    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-    message = {
-        404: f"no route {request.url.path}",
-        405: f"{request.method} is not allowed on {request.url.path}",
-    }.get(exc.status_code, str(exc.detail))
-    return JSONResponse(
-        {"error": {"type": kind, "message": message}},
-        status_code=exc.status_code,
-        headers=exc.headers,
-    )
-
-
-def _caller_key(identity: Identity | None, request: Request) -> str:
-    """Whose stream this is: the identity, or for an anonymous caller its address."""
-    if identity is not None:
-        return json.dumps(identity, sort_keys=True)
-    return f"anonymous@{request.client.host if request.client else ''}"
-
-
-async def _sse(
-    runtime: Runtime,
-    url: str,
-    after: str | None,
-    live_after: str | None,
-    *,
-    live: bool,
-    follow: bool,
-) -> AsyncIterator[bytes]:
-    log_pos, live_pos = after or "0-0", live_after or ""
-    records = runtime.events(url, after=after, follow=follow, live=live, live_after=live_after)
-    async for record in records:
-        if isinstance(record, LiveRecord):
-            live_pos = record.id
-            kind, data = "live", msgspec.to_builtins(record.event)
-        elif isinstance(record, LogRecord):
-            log_pos = record.id
-            event = client_view(record.event)  # full errors: never to clients
-            if event is None:
-                continue
-            kind = str(type(event).__struct_config__.tag)  # events' tags are str
-            data = plain(event)
-        elif isinstance(record, TrimmedRecord):  # the range before it is gone: say so
-            log_pos = record.id
-            kind, data = "trimmed", {"upto": record.id, "message": record.message}
-        else:
-            assert isinstance(record, UndecodableRecord)
-            log_pos = record.id
-            kind, data = "undecodable", {"error": record.error}
-        payload = json_text({"id": record.id, "event": data})
-        yield f"id: {log_pos}|{live_pos}\nevent: {kind}\ndata: {payload}\n\n".encode()

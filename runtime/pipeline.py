@@ -28,6 +28,7 @@ from .cache import Cached, WarmCache
 from .cancellation import CancelSignal
 from .config import Settings
 from .context import HandlerContext
+from .database import Database
 from .delivery import Delivery
 from .errors import (
     EventDecodeError,
@@ -45,7 +46,7 @@ from .retention import Retention
 from .run_owner import split_inputs
 from .scope import CURRENT_TOOL_CALL
 from .services import HandlerServices
-from .state import Database, EntityState
+from .state import EntityState
 from .store import TRANSIENT_ERRORS, EntityMeta, Loaded, Store
 from .streamids import ZERO, id_gt, max_id
 from .ticket import WakeTicket, commit

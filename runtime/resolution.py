@@ -21,6 +21,7 @@ import msgspec
 
 from .agent_tools import AgentTool, ToolResult, struct_schema
 from .capabilities import Capabilities, CapabilityPool
+from .context_fit import tool_context_value
 from .contracts import (
     AgentDef,
     ApprovalInfo,
@@ -29,7 +30,6 @@ from .contracts import (
     Registration,
     ToolContext,
     ToolOutcomeInfo,
-    tool_context_value,
 )
 from .errors import ToolBugError, ToolFailure
 

@@ -17,8 +17,9 @@ from wakeful import (
     RowValidationError,
     UnknownCollectionError,
 )
+from wakeful.database import Database
 from wakeful.events import StateChanged
-from wakeful.state import Database, EntityState
+from wakeful.state import EntityState
 
 pytestmark = pytest.mark.anyio
 

@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wakeful import Collection, HandlerContext, Message, Registry, StateChanged
+from wakeful.database import Database
 from wakeful.errors import DuplicateKeyError, MissingKeyError
 from wakeful.events import decode_event, encode_event
-from wakeful.state import Database, EntityState
+from wakeful.state import EntityState
 
 
 class Note(msgspec.Struct):

@@ -1,0 +1,141 @@
+"""The ``wakeful`` command's messages and logs: ``send``, ``ask``, ``tail``, ``export``.
+
+What goes into an entity (a message, its attached files) and what comes out of it
+(its log as a transcript or JSON, followed live, or exported as JSON Lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from typing import Any
+
+import msgspec
+import redis.exceptions
+
+from . import terminal, transcript
+from .cli_connect import client_of
+from .cli_parser import OK
+from .cli_reply import follow_reply, identity_of
+from .content_blocks import attachment
+from .errors import WakefulError
+from .events import LogRecord, TrimmedRecord
+from .live import LiveRecord
+from .redaction import redact
+from .retention import json_lines
+from .terminal import err, out
+
+_STREAM_ID = re.compile(r"\d+(-\d+)?")
+
+
+def _message(args: argparse.Namespace) -> dict[str, Any]:
+    """The message ``send`` and ``ask`` send: the text and the attached files as
+    content blocks, each checked before anything is sent (a bad file is named)."""
+    files = args.files or []
+    if args.text is None and not files:
+        raise WakefulError("give the message's text, or attach a file with --file PATH")
+    content = [attachment(path) for path in files] or None
+    return {
+        "payload": args.text if args.text is not None or content is None else None,
+        "content": content,
+        "idempotency_key": args.idempotency_key,
+        "identity": identity_of(args),
+    }
+
+
+async def send(args: argparse.Namespace) -> int:
+    message = _message(args)
+    rt = await client_of(args)
+    try:
+        event_id = await rt.send(args.url, **message)
+    finally:
+        await rt.close()
+    if args.json:
+        terminal.print_json({"url": args.url, "event_id": event_id})
+    else:
+        out.print(f"sent to {args.url}: {event_id}")
+    return OK
+
+
+async def ask(args: argparse.Namespace) -> int:
+    message = _message(args)
+    rt = await client_of(args)
+    try:
+        live_after = await rt.live_position(args.url)
+        sent = await rt.send(args.url, **message)
+        return await follow_reply(rt, args, after=sent, live_after=live_after)
+    finally:
+        await rt.close()
+
+
+async def tail(args: argparse.Namespace) -> int:
+    if args.after is not None and not _STREAM_ID.fullmatch(args.after):
+        raise WakefulError(f"--after {args.after!r} is not an event id (like 1700000000000-0)")
+    rt = await client_of(args)
+    try:
+        await rt.status(args.url)  # a clear error for a missing entity
+        live_after = await rt.live_position(args.url) if args.live else None
+        while True:
+            try:
+                async for record in rt.events(
+                    args.url,
+                    after=args.after,
+                    follow=args.follow,
+                    live=args.live,
+                    live_after=live_after,
+                ):
+                    if isinstance(record, LiveRecord):
+                        live_after = record.id
+                    else:
+                        args.after = record.id  # where to resume
+                    if args.json:
+                        print(
+                            msgspec.json.encode(terminal.plain(_record(record))).decode(),
+                            flush=True,
+                        )
+                    else:
+                        for line in transcript.lines(record):
+                            out.print(line)
+                return OK
+            except redis.exceptions.ConnectionError as exc:
+                if not args.follow:
+                    raise
+                lost = terminal.escape(redact(str(exc)))
+                err.print(f"[yellow]connection lost ({lost}); resuming after {args.after}[/]")
+                await asyncio.sleep(1)
+    finally:
+        await rt.close()
+
+
+async def export(args: argparse.Namespace) -> int:
+    """``wakeful export URL``: the entity's current log as JSON Lines (stdout or a file)."""
+    rt = await client_of(args)
+    try:
+        await rt.status(args.url)  # a clear error for a missing entity
+        sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+        try:
+            lines = 0
+            async for record in rt.export_log(args.url):
+                sink.write(json_lines([record]))
+                lines += 1
+            sink.flush()
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+    finally:
+        await rt.close()
+    if args.output:
+        err.print(f"wrote {lines} entries of {args.url} to {args.output}", markup=False)
+    return OK
+
+
+def _record(record: Any) -> dict[str, Any]:
+    if isinstance(record, LiveRecord):
+        return {"id": record.id, "live": record.event}
+    if isinstance(record, LogRecord):
+        return {"id": record.id, "event": record.event}
+    if isinstance(record, TrimmedRecord):
+        return {"id": record.id, "trimmed": record.message}
+    return {"id": record.id, "error": record.error}

@@ -1,0 +1,100 @@
+"""The gateway's responses: JSON always valid, and every error as a JSON error.
+
+An error is ``{"error": {"type", "message"}}`` with the status code its class maps
+to (the table below, most specific first; see the gateway's docstring), and
+Starlette's own 404 and 405 are sent the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette import responses
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .actions import (
+    ActionError,
+    ActionNotAuthorizedError,
+    ActionNotPendingError,
+    ActionValidationError,
+    ClientToolsError,
+)
+from .errors import (
+    ArgsConflictError,
+    EntityNotFoundError,
+    HTTPError,
+    InvalidArgsError,
+    InvalidEventError,
+    InvalidPayloadError,
+    InvalidScheduleError,
+    InvalidUrlError,
+    NotFailedError,
+    OwnerChangedError,
+    PayloadTooLargeError,
+    RedisFullError,
+    UnknownEntityTypeError,
+    WaitTimeoutError,
+    WakefulError,
+)
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (ActionNotAuthorizedError, 403),
+    (ActionNotPendingError, 409),
+    (ActionValidationError, 422),
+    (ActionError, 409),
+    (ClientToolsError, 422),
+    (InvalidUrlError, 400),
+    (UnknownEntityTypeError, 404),
+    (EntityNotFoundError, 404),
+    (PayloadTooLargeError, 413),
+    (InvalidEventError, 400),  # a field of the wrong type (nothing was written)
+    (InvalidPayloadError, 422),
+    (ArgsConflictError, 409),
+    (OwnerChangedError, 409),  # the owner kept changing while the request was checked
+    (NotFailedError, 409),
+    (InvalidArgsError, 422),
+    (InvalidScheduleError, 422),
+    (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
+    (WaitTimeoutError, 504),  # a wait (compact or reset with wait) ran out
+    (WakefulError, 400),
+]
+
+
+class JSONResponse(responses.JSONResponse):
+    """Always valid JSON. A client's NaN or Infinity is refused on the way in (see
+    http_input.py), but what a handler or a model wrote is kept as it is: a float
+    JSON cannot carry is written as ``null``, never as a bare ``NaN`` (or a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content).encode()
+
+
+def json_text(value: Any) -> str:
+    return msgspec.json.encode(value, enc_hook=str).decode()
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    if isinstance(exc, HTTPError):
+        status, kind = exc.status, exc.kind
+    else:
+        status = next(code for cls, code in _STATUS if isinstance(exc, cls))
+        kind = type(exc).__name__
+    return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
+
+
+async def http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route) and 405 (wrong method), as JSON errors."""
+    assert isinstance(exc, StarletteHTTPException)
+    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
