@@ -36,6 +36,9 @@ class Settings:
     retention_s: float = 86_400.0
     retention_entries: int = 100
     archive_dir: str | None = None  # trimmed entries are appended here as JSON Lines first
+    # How often the worker's retention sweep (sweep.py) trims the logs of idle entities
+    # whose entries aged past the window; 0 turns it off.
+    retention_sweep_s: float = 60.0
     idempotency_ttl_s: int = 86_400
     cache_size: int = 10_000
     cache_max_bytes: int = 1 << 30  # of warm state (estimated as its log bytes), per worker
@@ -88,7 +91,7 @@ class Settings:
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
 
-        for name in ("retention_s", "retention_entries"):
+        for name in ("retention_s", "retention_entries", "retention_sweep_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative, got {getattr(self, name)}")
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):

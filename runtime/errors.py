@@ -29,6 +29,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- InvalidArgsError (ValueError)
     |   +-- FencedError
     |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
+    |   +-- ArchiveError                      the archive hook refused entries: none trimmed
     |   +-- ConfigError (ValueError)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
@@ -223,6 +224,19 @@ class RedisFullError(WakefulError, MemoryError):
             "Redis is full: it refused the write because it reached its maxmemory limit "
             "(nothing was written; free memory or raise maxmemory, then retry)"
             + (f" [{detail}]" if detail else "")
+        )
+
+
+class ArchiveError(WakefulError):
+    """The archive hook (the exporter of trimmed log entries) failed: the entries it
+    was given stay in the log, and the trim is tried again later."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"archiving the log entries of {url} before trimming them failed: "
+            f"{type(cause).__name__}: {cause} (nothing was trimmed)"
         )
 
 

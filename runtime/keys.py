@@ -33,6 +33,8 @@ key                                         what
 ``<prefix>:{pN}:crondue``                   recurring schedules of the partition:
                                             ``<url>|<id>`` -> next occurrence ms
                                             (sorted set)
+``<prefix>:{pN}:trimdue``                   entities whose logs the retention sweep
+                                            may trim: url -> when next (sorted set, ms)
 ``<prefix>:{pN}:bad``                       wake pointers and timers the worker could
                                             not use, moved here with why (stream)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
@@ -133,6 +135,9 @@ class Keyspace:
 
     def crondue(self, partition: int) -> str:
         return f"{self.tag(partition)}:crondue"
+
+    def trimdue(self, partition: int) -> str:
+        return f"{self.tag(partition)}:trimdue"
 
     def bad(self, partition: int) -> str:
         return f"{self.tag(partition)}:bad"
