@@ -23,6 +23,10 @@ class Settings:
     prefix: str = "wk"
     partitions: int = 16
     lease_ttl_ms: int = 5000
+    # How often the worker renews its leases and heartbeats (0 = a third of the lease).
+    # A long lease with a short interval survives long stalls of a loaded machine and
+    # still notices a joining or leaving worker soon (handover waits for a heartbeat).
+    heartbeat_interval_ms: int = 0
     max_concurrency: int = 256
     read_count: int = 256
     block_ms: int = 500
@@ -90,6 +94,14 @@ class Settings:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
+        if self.heartbeat_interval_ms and not 100 <= self.heartbeat_interval_ms <= (
+            self.lease_ttl_ms // 2
+        ):
+            raise ConfigError(
+                f"setting heartbeat_interval_ms must be between 100 and half of lease_ttl_ms "
+                f"({self.lease_ttl_ms // 2}), or 0, got {self.heartbeat_interval_ms}: a lease "
+                "must be renewed at least twice before it lapses"
+            )
 
         for name in ("retention_s", "retention_entries", "retention_sweep_s"):
             if getattr(self, name) < 0:
@@ -114,7 +126,9 @@ class Settings:
 
     @property
     def heartbeat_ms(self) -> int:
-        return max(100, self.lease_ttl_ms // 3)
+        """The lease keeper's tick: ``heartbeat_interval_ms`` if set, else a third of the
+        lease."""
+        return self.heartbeat_interval_ms or max(100, self.lease_ttl_ms // 3)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
