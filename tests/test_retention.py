@@ -486,3 +486,49 @@ def test_entry_records_are_json_and_keep_undecodable_bytes():
     assert record["kind"] == "undecodable" and record["raw"] == "c1"
     json.dumps(record)
     assert msgspec.json.encode(record)
+
+
+async def test_a_warm_state_behind_a_trim_is_not_folded_across_the_gap(cluster):
+    """A worker keeps an entity's state warm when its partition moves away; the next
+    owner writes snapshots and trims the log behind them. When the partition comes
+    back, the log after the warm state's position is gone: the worker must start from
+    the snapshot, not fold the remaining tail onto its stale state (which lost every
+    message the other owner handled: the chaos run with retention on found this)."""
+    first = await cluster.runtime(notes_registry(), **TRIM_ALL)
+    assert first.worker is not None and first.store is not None
+    keys = first.store.keys
+    urls = {
+        p: next(f"/notes/w{p}-{i}" for i in range(1000) if keys.partition(f"/notes/w{p}-{i}") == p)
+        for p in range(keys.partitions)
+    }
+    for url in urls.values():  # warm in the first worker, in every partition
+        await add_notes(first, ["a"], url)
+    second = await cluster.runtime(notes_registry(), **TRIM_ALL)
+    assert second.worker is not None
+    await until(lambda: _moved(first, second), 20, "a partition to move to the second worker")
+    p = next(iter(second.worker.leases))
+    url = urls[p]
+    await add_notes(second, ["b1", "b2", "b3"], url)  # snapshots, and trims behind them
+    assert "trimmed" in await second.store.meta(url)
+    await second.close()
+    cluster.runtimes.remove(second)
+    await until(lambda: _holds(first, p), 20, "the partition to come back")
+    await add_notes(first, ["c"], url)
+    assert await note_texts(first, url) == ["a", "b1", "b2", "b3", "c"]
+    # And a cold start agrees (the snapshot the first worker wrote holds it all).
+    await first.close()
+    cluster.runtimes.remove(first)
+    third = await cluster.runtime(notes_registry(), **TRIM_ALL)
+    await add_notes(third, ["d"], url)
+    assert await note_texts(third, url) == ["a", "b1", "b2", "b3", "c", "d"]
+
+
+async def _moved(first: Runtime, second: Runtime) -> bool:
+    assert first.worker is not None and second.worker is not None
+    mine = set(second.worker.leases)
+    return bool(mine) and not mine & set(first.worker.leases)
+
+
+async def _holds(rt: Runtime, partition: int) -> bool:
+    assert rt.worker is not None
+    return partition in rt.worker.leases and not rt.worker.leases[partition].draining
