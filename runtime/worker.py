@@ -199,6 +199,10 @@ class Worker:
                         if self.settings.retention_sweep_s > 0:
                             loops.start_soon(self.sweep.run, name="wakeful-sweep")
                         await self._stopping.wait()
+                        if not self._killed:  # let the read in flight end (stop_reading)
+                            self.listeners.stop_reading()
+                            with anyio.move_on_after(self.settings.block_ms / 1000 + 1):
+                                await self.listeners.reading_done.wait()
                         loops.cancel_scope.cancel()
                     if not self._killed:
                         await self.runners.drain(self.settings.shutdown_grace_s)

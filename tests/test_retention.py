@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from tests.apps.harness import until
-from tests.faults import SimulatedCrash
+from tests.faults import SimulatedCrash, lapse_soon
 from tests.script_helpers import create, lease, log
 from tests.test_actions import app, get_selected, use
 from wakeful import (
@@ -300,7 +300,7 @@ async def test_a_crash_at_the_trim_loses_nothing(cluster, point):
     async def runtime() -> Runtime:
         rt = Runtime(
             registry,
-            settings=cluster.settings(lease_ttl_ms=400, **TRIM_ALL),
+            settings=cluster.settings(**TRIM_ALL),
             redis=cluster.redis(),
             archive=exporter,
             run_worker=True,
@@ -327,6 +327,7 @@ async def test_a_crash_at_the_trim_loses_nothing(cluster, point):
     first.worker.fault_hook = hook
     await first.send(URL, f"add {texts[3]}")
     await asyncio.wait_for(crashed.wait(), 15)
+    await lapse_soon(first)
     await first.close()
     cluster.runtimes.remove(first)
     second = await runtime()

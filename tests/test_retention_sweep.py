@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.apps.harness import until
-from tests.faults import SimulatedCrash
+from tests.faults import SimulatedCrash, lapse_soon
 from tests.test_actions import app, get_selected, use
 from tests.test_retention import (
     Collecting,
@@ -171,8 +171,7 @@ async def test_a_pending_timer_and_a_pending_action_survive_the_sweep(cluster):
 async def test_a_crash_in_the_sweep_loses_nothing(cluster, point):
     exporter = Collecting()
     texts = ["a", "b", "c"]
-    # The lease is short: the test kills the worker and waits for it to lapse.
-    first = await worker(cluster, exporter, lease_ttl_ms=400)
+    first = await worker(cluster, exporter)
     assert first.worker is not None
     for text in texts:
         await first.send(URL, f"add {text}")
@@ -192,9 +191,10 @@ async def test_a_crash_in_the_sweep_loses_nothing(cluster, point):
     first.worker.fault_hook = hook
     await asyncio.wait_for(crashed.wait(), 30)  # the sweep, not a wake, reached it
     assert first.worker.stats["activations"] == activations
+    await lapse_soon(first)
     await first.close()
     cluster.runtimes.remove(first)
-    second = await worker(cluster, exporter, lease_ttl_ms=400)
+    second = await worker(cluster, exporter)
     await until(lambda: _swept(second, URL), 30, "the next owner's sweep to finish the trim")
     remaining = set(await log_ids(second, URL))
     exported = {r["id"] for r in exporter.records}
