@@ -23,6 +23,10 @@ class Settings:
     prefix: str = "wk"
     partitions: int = 16
     lease_ttl_ms: int = 5000
+    # How often the worker renews its leases and heartbeats (0 = a third of the lease).
+    # A long lease with a short interval survives long stalls of a loaded machine and
+    # still notices a joining or leaving worker soon (handover waits for a heartbeat).
+    heartbeat_interval_ms: int = 0
     max_concurrency: int = 256
     read_count: int = 256
     block_ms: int = 500
@@ -36,6 +40,9 @@ class Settings:
     retention_s: float = 86_400.0
     retention_entries: int = 100
     archive_dir: str | None = None  # trimmed entries are appended here as JSON Lines first
+    # How often the worker's retention sweep (sweep.py) trims the logs of idle entities
+    # whose entries aged past the window; 0 turns it off.
+    retention_sweep_s: float = 60.0
     idempotency_ttl_s: int = 86_400
     # Durability across a failover (replication is asynchronous): a send or a commit is
     # acknowledged once this many replicas confirmed it (WAIT), or fails with
@@ -93,12 +100,20 @@ class Settings:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.lease_ttl_ms < 300:
             raise ConfigError(f"setting lease_ttl_ms must be at least 300, got {self.lease_ttl_ms}")
+        if self.heartbeat_interval_ms and not 100 <= self.heartbeat_interval_ms <= (
+            self.lease_ttl_ms // 2
+        ):
+            raise ConfigError(
+                f"setting heartbeat_interval_ms must be between 100 and half of lease_ttl_ms "
+                f"({self.lease_ttl_ms // 2}), or 0, got {self.heartbeat_interval_ms}: a lease "
+                "must be renewed at least twice before it lapses"
+            )
 
         if self.replica_wait_ms < 1:
             raise ConfigError(
                 f"setting replica_wait_ms must be at least 1, got {self.replica_wait_ms}"
             )
-        for name in ("retention_s", "retention_entries", "replica_wait"):
+        for name in ("retention_s", "retention_entries", "retention_sweep_s", "replica_wait"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative, got {getattr(self, name)}")
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):
@@ -121,7 +136,9 @@ class Settings:
 
     @property
     def heartbeat_ms(self) -> int:
-        return max(100, self.lease_ttl_ms // 3)
+        """The lease keeper's tick: ``heartbeat_interval_ms`` if set, else a third of the
+        lease."""
+        return self.heartbeat_interval_ms or max(100, self.lease_ttl_ms // 3)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:

@@ -32,6 +32,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- FencedError
     |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
     |   +-- ReplicaWaitError                  written, but fewer replicas confirmed than asked
+    |   +-- ArchiveError                      the archive hook refused entries: none trimmed
     |   +-- ConfigError (ValueError)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
@@ -271,6 +272,19 @@ class ReplicaWaitError(WakefulError):
         self.confirmed = confirmed
         self.wanted = wanted
         self.reply = reply  # the script's own reply (it was applied)
+
+
+class ArchiveError(WakefulError):
+    """The archive hook (the exporter of trimmed log entries) failed: the entries it
+    was given stay in the log, and the trim is tried again later."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"archiving the log entries of {url} before trimming them failed: "
+            f"{type(cause).__name__}: {cause} (nothing was trimmed)"
+        )
 
 
 class ConfigError(WakefulError, ValueError):

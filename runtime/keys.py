@@ -44,6 +44,8 @@ key                                         what
 ``<prefix>:{T}:crondue``                   recurring schedules of the partition:
                                             ``<url>|<id>`` -> next occurrence ms
                                             (sorted set)
+``<prefix>:{T}:trimdue``                   entities whose logs the retention sweep
+                                           may trim: url -> when next (sorted set, ms)
 ``<prefix>:{T}:bad``                       wake pointers and timers the worker could
                                             not use, moved here with why (stream)
 ``<prefix>:workers``                        live workers (sorted set, score = expiry)
@@ -172,6 +174,9 @@ class Keyspace:
 
     def crondue(self, partition: int) -> str:
         return f"{self.tag(partition)}:crondue"
+
+    def trimdue(self, partition: int) -> str:
+        return f"{self.tag(partition)}:trimdue"
 
     def bad(self, partition: int) -> str:
         return f"{self.tag(partition)}:bad"

@@ -36,6 +36,7 @@ import anyio
 
 from . import metrics
 from .config import Settings
+from .errors import RedisFullError
 from .store import TRANSIENT_ERRORS, BadItem, Pointer, Store
 
 log = logging.getLogger("wakeful.leases")
@@ -60,6 +61,13 @@ class Lease:
 
     def valid(self) -> bool:
         return time.monotonic() < self.valid_until
+
+
+def _cause(exc: BaseException) -> str:
+    """Why a lease tick failed, in words: a full Redis is not an unreachable one."""
+    if isinstance(exc, RedisFullError):
+        return "Redis is full"
+    return "Redis unreachable"
 
 
 class PartitionUser(Protocol):
@@ -91,6 +99,7 @@ class LeaseKeeper:
         self.ready = asyncio.Event()  # set after the first successful tick
         self._last_sweep = 0.0
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
+        self._failing: str | None = None  # the cause of the failing ticks, while they fail
 
     # -- queries -------------------------------------------------------------
 
@@ -118,13 +127,35 @@ class LeaseKeeper:
             try:
                 await self.tick()
                 self.ready.set()
+                self._report(None)
             except TRANSIENT_ERRORS as exc:
-                log.warning("worker %s: lease tick failed: %s", self.worker_id, exc)
-                self.expire_invalid()
+                self._report(exc)
+                self.expire_invalid(_cause(exc))
             except Exception:  # a failed tick must not end the heartbeat: retry it
                 log.exception("worker %s: lease tick failed", self.worker_id)
-                self.expire_invalid()
+                self.expire_invalid("the lease tick failed")
             await anyio.sleep(interval)
+
+    def _report(self, exc: BaseException | None) -> None:
+        """Log a failed tick by its real cause, once while it lasts, and its end."""
+        cause = None if exc is None else _cause(exc)
+        if cause == self._failing:
+            if exc is not None:
+                log.debug("worker %s: lease tick failed again: %s", self.worker_id, exc)
+            return
+        if exc is None:
+            log.warning("worker %s: lease ticks go through again", self.worker_id)
+        elif isinstance(exc, RedisFullError):
+            log.warning(
+                "worker %s: Redis is full (maxmemory reached, policy noeviction): it refuses "
+                "the heartbeat, so no partition is taken over until memory is freed; the "
+                "leases held are still renewed [%s]",
+                self.worker_id,
+                exc.detail,
+            )
+        else:
+            log.warning("worker %s: lease tick failed (%s): %s", self.worker_id, cause, exc)
+        self._failing = cause
 
     async def tick(self) -> None:
         """Heartbeat, renew, acquire, hand over, sweep. Raises (a transient error) only
@@ -133,6 +164,11 @@ class LeaseKeeper:
         beat: BaseException | None = None
         try:
             live = await self.store.heartbeat(self.worker_id, s.lease_ttl_ms * 2)
+        except RedisFullError:
+            # A full Redis refuses the heartbeat's ZADD, but not a renewal (PEXPIRE grows
+            # nothing): keep what is held, take nothing new until memory is freed.
+            await self._renew()
+            raise
         except TRANSIENT_ERRORS as exc:  # the registry's master is down: go on as last seen
             beat, live = exc, list(self._live)
             log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
@@ -299,10 +335,11 @@ class LeaseKeeper:
 
     # -- losing and releasing -------------------------------------------------
 
-    def expire_invalid(self) -> None:
+    def expire_invalid(self, cause: str = "Redis unreachable") -> None:
+        """Drop the leases that ran out while ticks failed (``cause``: why they did)."""
         for partition, lease in list(self.held.items()):
             if not lease.valid():
-                self.lose(partition, "lease expired (Redis unreachable)")
+                self.lose(partition, f"lease expired ({cause})")
 
     def lose(self, partition: int, reason: str) -> None:
         log.warning("worker %s lost partition %d: %s", self.worker_id, partition, reason)

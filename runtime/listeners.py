@@ -55,19 +55,40 @@ class Listeners:
         self._fault = fault
         self._fire_failures: dict[str, int] = {}  # timer member -> failed fires in a row
         self.schedules = ScheduleFiring(store, worker_id, leases.token, fault, clock)
+        self._stop_reading = False
+        self.reading_done = anyio.Event()  # set once read_inboxes returned
+
+    def stop_reading(self) -> None:
+        """Read no more wake pointers (a graceful stop). The read in flight is let
+        finish (at most ``block_ms``) rather than cancelled: a read cut short may still
+        be served by the server (a blocked read whose client has gone), and a pointer
+        delivered to a worker that stopped waits for the pending sweep, a lease period."""
+        self._stop_reading = True
+        self.leases.changed.set()
+        self.runners.room.set()
 
     async def read_inboxes(self) -> None:
+        try:
+            await self._read_inboxes()
+        finally:
+            self.reading_done.set()
+
+    async def _read_inboxes(self) -> None:
         s = self.settings
         max_backlog = s.max_concurrency * 4
-        while True:
+        while not self._stop_reading:
             partitions = self.leases.readable()
             if not partitions:
                 self.leases.changed.clear()
+                if self._stop_reading:
+                    break
                 with anyio.move_on_after(s.heartbeat_ms / 1000):
                     await self.leases.changed.wait()
                 continue
             if self.runners.backlog() >= max_backlog:
                 self.runners.room.clear()
+                if self._stop_reading:
+                    break
                 with anyio.move_on_after(1.0):
                     await self.runners.room.wait()
                 continue

@@ -175,6 +175,7 @@ local timers = KEYS[6]                -- the partition's timers: member -> due m
 local timerdata = KEYS[7]             -- the partition's timers: member -> outbox event
 local actions = KEYS[8]               -- the entity's pending actions
 local conv = KEYS[9]                  -- the conversation chunks of the snapshot
+local trimdue = KEYS[10]              -- the partition's retention sweep set (see TRIM)
 local token = ARGV[1]                 -- the lease token this commit is fenced by
 local group = ARGV[2]                 -- the inbox consumer group
 local cursor = ARGV[3]                -- new cursor ('' = keep)
@@ -278,6 +279,9 @@ if snapshot ~= '' then
   if n_chunks > 0 then redis.call('HSET', conv, unpack(ARGV, i + 1, i + 2 * n_chunks)) end
   redis.call('SET', snap, snapshot)
   redis.call('HSET', meta, 'snap_upto', snapshot_seen, 'snap_out', last_out)
+  -- The log before the snapshot may go: the sweep looks at it even if the worker dies
+  -- before its own trim (which files the entity anew).
+  redis.call('ZADD', trimdue, 0, url)
 end
 if changed and not notify(channel, cursor) then out[1] = 'UNNOTIFIED' end
 return out
@@ -339,10 +343,11 @@ return 1
 QUARANTINE = """
 local lease = KEYS[1]       -- the partition lease
 local bad = KEYS[2]         -- the partition's dead-letter stream
-local source = KEYS[3]      -- the inbox (a pointer) or the timer set (a timer)
+local source = KEYS[3]      -- the inbox (a pointer), the timer set (a timer) or the
+                            -- retention sweep set (a sweep member)
 local timerdata = KEYS[4]   -- the partition's timers: member -> outbox event
 local token = ARGV[1]       -- the lease token this is fenced by
-local kind = ARGV[2]        -- 'pointer' | 'timer'
+local kind = ARGV[2]        -- 'pointer' | 'timer' | 'sweep'
 local item = ARGV[3]        -- the pointer's stream id | the timer member
 local reason = ARGV[4]      -- why it cannot be used
 local detail = ARGV[5]      -- what it held (a pointer's fields, as text)
@@ -352,10 +357,12 @@ if redis.call('GET', lease) ~= token then return -1 end
 if kind == 'pointer' then
   if redis.call('XACK', source, group, item) == 0 then return 0 end
   redis.call('XDEL', source, item)
-else
+else  -- a member of a sorted set: a timer, or an entry of the retention sweep set
   if redis.call('ZREM', source, item) == 0 then return 0 end
-  detail = redis.call('HGET', timerdata, item) or ''
-  redis.call('HDEL', timerdata, item)
+  if kind == 'timer' then
+    detail = redis.call('HGET', timerdata, item) or ''
+    redis.call('HDEL', timerdata, item)
+  end
 end
 redis.call('XADD', bad, 'MAXLEN', '~', 10000, '*', 'kind', kind, 'key', source,
   'item', item, 'reason', reason, 'detail', detail, 'worker', worker)
@@ -375,6 +382,7 @@ local inbox = KEYS[6]       -- the partition inbox (wake pointers)
 local actions = KEYS[7]     -- the entity's pending actions
 local live = KEYS[8]        -- the entity's live output
 local conv = KEYS[9]        -- the conversation chunks of its snapshot
+local trimdue = KEYS[10]    -- the partition's retention sweep set
 local token = ARGV[1]       -- the lease token this is fenced by
 local incarnation = ARGV[2] -- meta.created of the entity to delete
 local url = ARGV[3]
@@ -390,6 +398,7 @@ redis.call('DEL', meta, snap, actions, live, conv)
 redis.call('XTRIM', log, 'MAXLEN', 0)
 redis.call('PEXPIRE', log, 60000)
 redis.call('SREM', typeset, url)
+redis.call('ZREM', trimdue, url)
 if #ARGV >= first_ack then
   redis.call('XACK', inbox, group, unpack(ARGV, first_ack, #ARGV))
   redis.call('XDEL', inbox, unpack(ARGV, first_ack, #ARGV))
@@ -657,7 +666,12 @@ return 1
 # or at or after `cap`; a parked (failed) entity keeps everything. With `dry` it only
 # says what would go (the exporter reads those entries first, then trims with cap).
 # meta.trimmed records the last entry trimmed, so readers before it get a marker.
-# -> {n trimmed, minid (entries before it go), last entry trimmed} | {-1} fenced
+# Unless dry, it also files the entity in the partition's retention sweep set (trimdue)
+# for when its log can next lose an entry without a new snapshot: the oldest entry's time
+# plus the retention, `retry_ms` from now while a parked entity or an undelivered outbox
+# holds it, or nowhere (ZREM) when only a new snapshot or new entries can free more.
+# -> {n trimmed, minid (entries before it go), last entry trimmed, next due ms ('' =
+# none)} | {-1} fenced
 TRIM = (
     _ID_GT
     + """
@@ -672,31 +686,62 @@ end
 local lease = KEYS[1]                   -- the partition lease
 local log = KEYS[2]                     -- the entity's log
 local meta = KEYS[3]                    -- the entity's metadata hash
+local due = KEYS[4]                     -- the partition's sweep set: url -> next due ms
 local token = ARGV[1]                   -- the lease token this is fenced by
 local retention_ms = tonumber(ARGV[2])  -- entries younger than this stay
 local keep = tonumber(ARGV[3])          -- the newest this many entries stay
 local cap = ARGV[4]                     -- entries at or after this id stay ('' = no cap)
 local dry = ARGV[5] == '1'              -- only say what would go
+local url = ARGV[6]                     -- the entity (its member in `due`)
+local retry_ms = tonumber(ARGV[7])      -- when to look again at a held entity
 if redis.call('GET', lease) ~= token then return {-1} end
-local m = redis.call('HMGET', meta, 'status', 'snap_upto', 'cursor', 'out_done', 'out_last')
-local status, snap_upto, cursor, out_done, out_last = m[1], m[2], m[3], m[4] or '0-0', m[5]
-if not status or status == 'failed' or not snap_upto or not cursor then return {0, '', ''} end
-local minid = earliest(after(snap_upto), after(cursor))
-if id_gt(out_last, out_done) then minid = earliest(minid, after(out_done)) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-minid = earliest(minid, math.max(0, now - retention_ms) .. '-0')
+local function file(at)  -- the entity's next due time in the sweep set (nil = none)
+  if dry then return '' end
+  if at then
+    redis.call('ZADD', due, at, url)
+    return tostring(at)
+  end
+  redis.call('ZREM', due, url)
+  return ''
+end
+local m = redis.call('HMGET', meta, 'status', 'snap_upto', 'cursor', 'out_done', 'out_last')
+local status, snap_upto, cursor, out_done, out_last = m[1], m[2], m[3], m[4] or '0-0', m[5]
+if status == 'failed' then return {0, '', '', file(now + retry_ms)} end
+if not status or not snap_upto or not cursor then return {0, '', '', file(nil)} end
+local covered = earliest(after(snap_upto), after(cursor))  -- what only a snapshot moves
+local minid = covered
+local outbox = id_gt(out_last, out_done)
+if outbox then minid = earliest(minid, after(out_done)) end
+-- entries at least retention_ms old may go (with 0, all: even those of this ms)
+minid = earliest(minid, math.max(0, now - retention_ms + 1) .. '-0')
 if cap ~= '' then minid = earliest(minid, cap) end
+local kept = nil  -- the oldest of the newest `keep` entries
 if keep > 0 then
   local newest = redis.call('XREVRANGE', log, '+', '-', 'COUNT', keep)
-  if #newest < keep then return {0, '', ''} end
-  minid = earliest(minid, newest[#newest][1])
+  if #newest < keep then return {0, '', '', file(nil)} end
+  kept = newest[#newest][1]
+  minid = earliest(minid, kept)
 end
-local last = redis.call('XREVRANGE', log, '(' .. minid, '-', 'COUNT', 1)
-if #last == 0 then return {0, '', ''} end
-if dry then return {0, minid, last[1][1]} end
-local n = redis.call('XTRIM', log, 'MINID', minid)
-redis.call('HSET', meta, 'trimmed', last[1][1])
-return {n, minid, last[1][1]}
+local n, last = 0, ''
+local before = redis.call('XREVRANGE', log, '(' .. minid, '-', 'COUNT', 1)
+if #before > 0 then
+  last = before[1][1]
+  if dry then return {0, minid, last, ''} end
+  n = redis.call('XTRIM', log, 'MINID', minid)
+  redis.call('HSET', meta, 'trimmed', last)
+elseif dry then
+  return {0, '', '', ''}
+end
+local first = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)[1]
+if not first or not id_gt(covered, first[1]) or (kept and not id_gt(kept, first[1])) then
+  return {n, minid, last, file(nil)}  -- only a new snapshot or new entries free more
+end
+if outbox and not id_gt(after(out_done), first[1]) then
+  return {n, minid, last, file(now + retry_ms)}  -- held until the outbox is delivered
+end
+local born = tonumber(string.match(first[1], '^(%d+)-')) or 0
+return {n, minid, last, file(math.max(born + retention_ms, now))}
 """
 )

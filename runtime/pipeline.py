@@ -157,6 +157,12 @@ class WakePipeline:
         ):
             self.cache.forget(url)  # deleted and re-created: the warm state is another's
             return await self.store.load(url, None), None
+        trimmed = loaded.meta.get("trimmed")
+        if cached is not None and trimmed is not None and id_gt(trimmed.decode(), cached.pos):
+            # Another owner wrote a snapshot meanwhile and trimmed the log behind it: the
+            # entries after the warm state are gone, so start from that snapshot instead.
+            self.cache.forget(url)
+            return await self.store.load(url, None), None
         return loaded, cached
 
     def _fold(

@@ -1,7 +1,9 @@
 """Log retention: an entity's log keeps what a guarantee needs and the retention window.
 
 After a wake writes a snapshot, the partition owner trims the entity's log of the
-entries the snapshot covers (the fenced TRIM script, ``lua.py``). The script keeps
+entries the snapshot covers (the fenced TRIM script, ``lua.py``); entries that must
+wait for the retention window are trimmed later by the worker's sweep
+(:mod:`wakeful.sweep`), even if the entity never wakes again. The script keeps
 every entry after the snapshot's position or the cursor, every undelivered outbox,
 the entries younger than ``retention_s`` and the newest ``retention_entries``; a
 parked entity keeps its whole log. Pending actions, timers, the open run's journal
@@ -27,10 +29,10 @@ from typing import Any
 from urllib.parse import quote
 
 from .config import Settings
-from .errors import EventDecodeError, FencedError, RedisFullError
+from .errors import ArchiveError, EventDecodeError, FencedError, RedisFullError
 from .events import decode_entry, plain
 from .replies import Entry
-from .store import TRANSIENT_ERRORS, Store
+from .store import TRANSIENT_ERRORS, Store, Trimmed
 from .streamids import id_gt
 from .ticket import WakeTicket
 
@@ -105,7 +107,8 @@ async def read_entries(store: Store, url: str, upto: str | None = None) -> list[
 
 
 class Retention:
-    """Trims an entity's log after each snapshot (see the module docstring)."""
+    """Trims an entity's log after each snapshot and when the sweep finds it due (see
+    the module docstring)."""
 
     def __init__(
         self,
@@ -117,39 +120,55 @@ class Retention:
         self.store = store
         self.retention_ms = int(settings.retention_s * 1000)
         self.keep = settings.retention_entries
+        # A parked entity or an undelivered outbox holds the log: look again this much later.
+        self.retry_ms = max(self.retention_ms, int(settings.retention_sweep_s * 1000), 60_000)
         self.exporter = exporter
         self._fault = fault
 
     async def after_snapshot(self, ticket: WakeTicket) -> int:
         """Trim what the snapshot just written lets go; the number of entries trimmed.
         Never fails the wake (it is committed): a trim that cannot happen now happens
-        after a later snapshot."""
+        at the sweep (the commit filed the entity in its partition's sweep set)."""
         try:
-            return await self._trim(ticket)
+            return (await self.trim(ticket.url, ticket.token)).count
         except _LATER as exc:
             log.info("trimming the log of %s postponed: %s", ticket.url, exc)
+        except ArchiveError as exc:
+            log.error("%s; the sweep tries again", exc, exc_info=exc.cause)
         except Exception:
-            log.exception("archiving the log of %s failed; it is kept as it is", ticket.url)
+            log.exception("trimming the log of %s failed; it is kept as it is", ticket.url)
         return 0
 
-    async def _trim(self, ticket: WakeTicket) -> int:
-        url, token = ticket.url, ticket.token
+    async def trim(self, url: str, token: str) -> Trimmed:
+        """Export (if an exporter is set) and trim what may go of ``url``'s log, fenced by
+        ``token``; files the entity in the sweep set for its next trim. Raises what
+        stopped it (nothing is trimmed that the exporter did not take)."""
         cap = ""
         if self.exporter is not None:
             plan = await self.store.trim_log(
                 url, token, retention_ms=self.retention_ms, keep=self.keep, dry=True
             )
-            if not plan.last:
-                return 0
-            entries = await read_entries(self.store, url, plan.last)
-            await self.exporter(url, [entry_record(url, i, f) for i, f in entries])
-            self._fault("trim:after-export")
-            cap = plan.before  # what came after the plan was not exported: it stays
+            if plan.last:
+                entries = await read_entries(self.store, url, plan.last)
+                records = [entry_record(url, i, f) for i, f in entries]
+                try:
+                    await self.exporter(url, records)
+                except Exception as exc:  # the user's hook: its OSError is no Redis error
+                    raise ArchiveError(url, exc) from exc
+                self._fault("trim:after-export")
+                cap = plan.before  # what came after the plan was not exported: it stays
+            else:
+                cap = "0-1"  # nothing to export: trim nothing, only file the entity
         self._fault("trim:before")
         trimmed = await self.store.trim_log(
-            url, token, retention_ms=self.retention_ms, keep=self.keep, cap=cap
+            url,
+            token,
+            retention_ms=self.retention_ms,
+            keep=self.keep,
+            cap=cap,
+            retry_ms=self.retry_ms,
         )
         self._fault("trim:after")
         if trimmed.count:
             log.debug("trimmed %d entries of %s up to %s", trimmed.count, url, trimmed.last)
-        return trimmed.count
+        return trimmed

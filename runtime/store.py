@@ -147,6 +147,7 @@ class Trimmed:
     count: int  # entries removed (0 when dry)
     before: str  # entries before this id go ("" = none)
     last: str  # the last entry that goes ("" = none)
+    next_due_ms: int | None = None  # when the sweep looks again (None = not filed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ class BadItem:
     stream (:meth:`Store.quarantine`, listed by :meth:`Store.bad_items`)."""
 
     partition: int
-    kind: str  # "pointer" | "timer"
+    kind: str  # "pointer" | "timer" | "sweep" (a member of the retention sweep set)
     key: str  # the inbox or the timer set it is in
     item: bytes  # the pointer's stream id, or the timer member
     reason: str
@@ -467,6 +468,7 @@ class Store(EntityReads, ScheduleStore):
                 k.timerdata(p),
                 k.actions(url),
                 k.conv(url),
+                k.trimdue(p),
             ],
             [
                 token,
@@ -546,6 +548,7 @@ class Store(EntityReads, ScheduleStore):
                 k.actions(url),
                 k.live(url),
                 k.conv(url),
+                k.trimdue(p),
             ],
             [token, created, url, GROUP, k.idle_channel(url), *acks],
         )
@@ -564,20 +567,43 @@ class Store(EntityReads, ScheduleStore):
         keep: int,
         cap: str = "",
         dry: bool = False,
+        retry_ms: int = 3_600_000,
     ) -> Trimmed:
         """Fenced: trim the entity's log of the entries its snapshot covers and no
         guarantee needs (the TRIM script says which). With ``dry`` only say which would
-        go; ``cap`` keeps every entry at or after it (the exporter has those before)."""
+        go; ``cap`` keeps every entry at or after it (the exporter has those before).
+        Unless dry, the entity is filed in its partition's sweep set for when more can
+        go (``retry_ms`` from now while a parked entity or an undelivered outbox holds
+        its log), or taken out of it."""
         k = self.keys
         p = k.partition(url)
         reply = await self._run(
             TRIM,
-            [k.lease(p), k.log(url), k.meta(url)],
-            [token, retention_ms, keep, cap, "1" if dry else "0"],
+            [k.lease(p), k.log(url), k.meta(url), k.trimdue(p)],
+            [token, retention_ms, keep, cap, "1" if dry else "0", url, retry_ms],
         )
         if int(reply[0]) == -1:
             raise FencedError(f"trim of {url} refused: lease {token} of partition {p} is lost")
-        return Trimmed(int(reply[0]), as_str(reply[1]), as_str(reply[2]))
+        next_due = as_str(reply[3])
+        return Trimmed(
+            int(reply[0]), as_str(reply[1]), as_str(reply[2]), int(next_due) if next_due else None
+        )
+
+    async def trim_due(
+        self, partitions: list[int], now_ms: int, limit: int
+    ) -> list[tuple[int, list[bytes]]]:
+        """The members of each partition's sweep set due at ``now_ms`` (at most ``limit``
+        a partition), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.zrangebyscore(self.keys.trimdue(p), "-inf", now_ms, start=0, num=limit)
+        replies = await pipe.execute()
+        return list(zip(partitions, replies, strict=True))
+
+    async def postpone_trim(self, partition: int, member: bytes, due_ms: int) -> None:
+        """Look at ``member`` of the sweep set again at ``due_ms`` (if it is still there).
+        Not fenced: the set only says when to try a trim, and every trim is fenced."""
+        await self.redis.zadd(self.keys.trimdue(partition), {member: due_ms}, xx=True)
 
     # -- timers --------------------------------------------------------------
 
@@ -836,7 +862,7 @@ class Store(EntityReads, ScheduleStore):
         dead-letter stream. 1 moved, 0 gone already, -1 fenced."""
         k = self.keys
         p = bad.partition
-        source = k.inbox(p) if bad.kind == "pointer" else k.timers(p)
+        source = {"pointer": k.inbox(p), "sweep": k.trimdue(p)}.get(bad.kind, k.timers(p))
         return int(
             await self._run(
                 QUARANTINE,

@@ -6,6 +6,7 @@
 * :class:`~wakeful.listeners.Listeners` (inbox reader, timers, cancel relay),
 * :class:`~wakeful.runners.Runners` (one runner per busy entity),
 * :class:`~wakeful.pipeline.WakePipeline` (load -> rebuild -> handler -> commit),
+* :class:`~wakeful.sweep.RetentionSweep` (trims the logs of idle entities),
 * :class:`~wakeful.services.HandlerServices` (what handler contexts may ask).
 
 Every loop and runner is a task of one task group tree: if a loop dies, the
@@ -41,6 +42,7 @@ from .retention import Exporter, JsonlExporter, Retention
 from .runners import Runners
 from .services import HandlerServices
 from .store import Store
+from .sweep import RetentionSweep
 from .tasks import first_error
 from .ticket import WakeTicket
 
@@ -82,6 +84,7 @@ class Worker:
         )
         self.delivery = Delivery(store, self._fault, self.stats)
         self.cache = WarmCache(settings.cache_size, self._evicted, settings.cache_max_bytes)
+        self.retention = Retention(store, settings, _exporter(settings, archive), self._fault)
         self.runners = Runners(
             settings, self.id, self.cache, self.stats, self._token, self._wake, self._crashed
         )
@@ -95,7 +98,7 @@ class Worker:
             stats=self.stats,
             fault=self._fault,
             done=self.runners.done,
-            retention=Retention(store, settings, _exporter(settings, archive), self._fault),
+            retention=self.retention,
         )
         # Lease renewal never queues behind the runners' commands: its own two connections.
         self._lease_redis = dedicated(store.redis, LEASE_CONNECTIONS)
@@ -105,6 +108,9 @@ class Worker:
         self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
         self.listeners = Listeners(
             store, settings, self.id, self.lease_keeper, self.runners, self._fault, self._now
+        )
+        self.sweep = RetentionSweep(
+            store, settings, self.retention, self.lease_keeper, self.runners.running, self.stats
         )
 
     @property
@@ -191,7 +197,13 @@ class Worker:
                         loops.start_soon(self.listeners.read_inboxes, name="wakeful-read")
                         loops.start_soon(self.listeners.fire_timers, name="wakeful-timers")
                         loops.start_soon(self.listeners.relay_cancels, name="wakeful-cancels")
+                        if self.settings.retention_sweep_s > 0:
+                            loops.start_soon(self.sweep.run, name="wakeful-sweep")
                         await self._stopping.wait()
+                        if not self._killed:  # let the read in flight end (stop_reading)
+                            self.listeners.stop_reading()
+                            with anyio.move_on_after(self.settings.block_ms / 1000 + 1):
+                                await self.listeners.reading_done.wait()
                         loops.cancel_scope.cancel()
                     if not self._killed:
                         await self.runners.drain(self.settings.shutdown_grace_s)

@@ -55,6 +55,8 @@ REAL_REDIS_URL = os.environ.get("WAKEFUL_TEST_REDIS_URL", "redis://127.0.0.1:637
 # WAKEFUL_TEST_CLUSTER=1 (scripts/test.sh --cluster) adds a third backend: a local Redis
 # Cluster of 3 masters and 3 replicas (tests/cluster_helpers.py), started once per session.
 BACKENDS = ["fake", "redis", *(["cluster"] if os.environ.get("WAKEFUL_TEST_CLUSTER") else [])]
+TEST_LEASE_TTL_MS = 15_000
+TEST_HEARTBEAT_MS = 333
 
 
 @pytest.fixture
@@ -146,12 +148,19 @@ class Cluster:
         base: dict[str, Any] = {
             "prefix": self.prefix,
             "partitions": 4,
-            "lease_ttl_ms": 1000,
+            # A lease long enough to outlast the stalls of a loaded machine (a lapse between
+            # a tool call's intent and its execution leaves the call in doubt, never re-run),
+            # renewed as often as a short one, so that joins, hand-overs and releases are
+            # seen as fast. Tests about lapses (kills, zombies) ask for a short lease.
+            "lease_ttl_ms": TEST_LEASE_TTL_MS,
+            "heartbeat_interval_ms": TEST_HEARTBEAT_MS,
             "block_ms": 100,
             "retry_base_ms": 20,
             "retry_max_ms": 200,
             "shutdown_grace_s": 5,
         }
+        if "lease_ttl_ms" in overrides:  # a short lease (a test about lapses): its own pace
+            base["heartbeat_interval_ms"] = 0
         base.update(overrides)
         return Settings(**base)
 

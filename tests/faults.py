@@ -1,4 +1,11 @@
-"""Fault injection for in-process workers: die at the N-th visit of a commit point."""
+"""Fault injection for in-process workers: die at the N-th visit of a commit point.
+
+A killed worker keeps its leases and its registry entry until they expire. The test
+runtimes' leases are long (conftest.py: a loaded machine must not lapse them while
+the worker lives), so :func:`lapse_soon` shortens what a dead worker left behind:
+as if its leases and heartbeat had been short all along, but without exposing the
+living worker to lapses under load.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,23 @@ from wakeful import Registry, Runtime
 
 class SimulatedCrash(BaseException):
     """Raised at a commit point: the worker dies there like a killed process."""
+
+
+LAPSE_MS = 400  # a dead worker's leases and heartbeat run out this soon
+
+
+async def lapse_soon(rt: Runtime, ms: int = LAPSE_MS) -> None:
+    """The leases and the heartbeat that ``rt``'s killed worker left behind expire in
+    ``ms`` (they do expire by themselves; this only makes the wait short)."""
+    assert rt.worker is not None and rt.store is not None
+    keys, redis, worker_id = rt.store.keys, rt.store.redis, rt.worker.id
+    for p in range(keys.partitions):
+        token = await redis.get(keys.lease(p))
+        if token is not None and token.decode().rsplit(":", 1)[0] == worker_id:
+            await redis.pexpire(keys.lease(p), ms)
+    seconds, micros = await redis.time()
+    if await redis.zscore(keys.workers, worker_id) is not None:
+        await redis.zadd(keys.workers, {worker_id: seconds * 1000 + micros // 1000 + ms}, xx=True)
 
 
 async def crash_and_recover(
@@ -27,14 +51,15 @@ async def crash_and_recover(
     before_restart: Callable[[Runtime], Awaitable[Any]] | None = None,
 ) -> Runtime:
     """Send ``message`` to ``url`` on a worker that is killed (no cleanup, leases kept
-    until they expire) at the ``hit``-th time it reaches ``point``; then start a
+    until they expire: soon, see :func:`lapse_soon`) at the ``hit``-th time it reaches
+    ``point``; then start a
     fresh worker, wait until ``url`` is idle again, and return that runtime.
 
     ``setup`` runs on the first worker before the fault is armed; ``trigger``, if
     given, replaces sending ``message`` as what leads to the crash point;
     ``before_restart`` runs on the dead worker's runtime (as a client) before the
     fresh worker starts."""
-    first = await cluster.runtime(registry, lease_ttl_ms=400)
+    first = await cluster.runtime(registry)
     if setup is not None:
         await setup(first)
     assert first.worker is not None
@@ -56,11 +81,12 @@ async def crash_and_recover(
     else:
         await first.send(url, message)
     await asyncio.wait_for(crashed.wait(), 15)  # the crash point must really be reached
+    await lapse_soon(first)
     if before_restart is not None:
         await before_restart(first)
     await first.close()
     cluster.runtimes.remove(first)
-    second = await cluster.runtime(registry, lease_ttl_ms=400)
+    second = await cluster.runtime(registry)
     status = await second.wait_idle(url, timeout=timeout)
     assert status.status == "idle", status
     return second

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.faults import SimulatedCrash
+from tests.faults import SimulatedCrash, lapse_soon
 from wakeful import (
     HandlerContext,
     LogRecord,
@@ -769,7 +769,7 @@ async def test_a_submission_racing_a_worker_crash_is_applied_once(cluster: Any, 
         [use("s1", "getSelectedText", {}), use("d1", "delete", {"path": "/tmp/a"})],
         runs,
     )
-    first = await cluster.runtime(reg, lease_ttl_ms=400)
+    first = await cluster.runtime(reg)
     assert first.worker is not None
     await first.send(URL, "go", identity=U1)
     await suspended(first, pending=2)
@@ -789,10 +789,11 @@ async def test_a_submission_racing_a_worker_crash_is_applied_once(cluster: Any, 
         first.approve(URL, "d1", identity=U1),
     )
     await asyncio.wait_for(crashed.wait(), 15)
+    await lapse_soon(first)
     await first.close()
     cluster.runtimes.remove(first)
 
-    second = await cluster.runtime(reg, lease_ttl_ms=400)
+    second = await cluster.runtime(reg)
     await until(lambda: of_type(second, RunFinished))
     finished = await settled_run(second)
     assert finished.status == "completed"

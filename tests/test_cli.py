@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import subprocess
@@ -525,20 +526,26 @@ async def test_tail_follows_live_output(worker, server_url, prefix):
 
 
 async def test_a_closed_pipe_ends_tail_quietly(worker, server_url, prefix):
-    for n in range(40):
+    for n in range(120):
         await worker.send("/notes/pipe", f"add item {n}")
     await worker.wait_idle("/notes/pipe")
     env = cli_env(prefix)
+    # A pipe smaller than what tail prints (about 11 KB), read one byte at a time: tail
+    # must still be writing when the reader goes, however slow the reader is (a loaded
+    # machine let tail write everything into a 64 KB pipe and exit 0 before the close).
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, 4096)
     proc = subprocess.Popen(
         [sys.executable, "-m", "wakeful.cli", "tail", "/notes/pipe", "--redis", server_url],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=write_end,
         stderr=subprocess.PIPE,
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    first = proc.stdout.readline()  # like `wakeful tail URL | head -1`
-    proc.stdout.close()
+    os.close(write_end)
+    assert proc.stderr is not None
+    with open(read_end, "rb", buffering=0) as reader:
+        first = reader.readline()  # like `wakeful tail URL | head -1`
     code = await asyncio.to_thread(proc.wait, 30)
     stderr = proc.stderr.read().decode()
     assert b"created" in first

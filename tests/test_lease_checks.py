@@ -66,7 +66,9 @@ async def test_a_lapsed_lease_stops_the_wake_before_a_model_call_or_a_tool(clust
         ctx.use_agent("You note.", model=model, tools=[AgentTool("note", "Notes.", Note, note)])
         await ctx.agent.run()
 
-    rt = await cluster.runtime(reg)
+    # A short lease: the test lets it lapse, and the run resumes once it is taken again
+    # (a lease renewed in time would leave the stopped wake to the pending sweep).
+    rt = await cluster.runtime(reg, lease_ttl_ms=1000)
     worker = rt.worker
     renewals = asyncio.Event()  # renewals wait: the process is "paused", no timer fires
     renewals.set()

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,55 @@ async def test_a_worker_warns_about_an_eviction_policy(server, admin, caplog):
         await runtime.start()
         await runtime.close()
     assert not any("maxmemory-policy" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_full_redis_keeps_the_leases_and_the_log_says_it_is_full(server, admin, caplog):
+    """A full Redis refuses the heartbeat's ZADD but not a renewal's PEXPIRE (checked on
+    Redis 7.0): the worker keeps its partitions past their lease, and its log names the
+    cause (Redis is full), never "unreachable"."""
+    settings = Settings(
+        redis_url=server.url,
+        prefix=PREFIX,
+        partitions=4,
+        lease_ttl_ms=3000,  # short, so that the test outlasts it soon
+        heartbeat_interval_ms=300,
+        retry_base_ms=20,
+        retry_max_ms=200,
+        shutdown_grace_s=2,
+    )
+    runtime = Runtime(registry(), settings=settings, run_worker=True)
+    await runtime.start()
+    try:
+        worker = runtime.worker
+        assert worker is not None
+        await asyncio.wait_for(worker.ready.wait(), 20)
+        await until(lambda: _holds_all(worker, 4), 20, "the worker to hold every partition")
+        held = {p: lease.token for p, lease in worker.leases.items()}
+        ttl_s = settings.lease_ttl_ms / 1000
+        with caplog.at_level(logging.INFO, logger="wakeful.leases"):
+            fill(admin)
+            try:
+                filled = time.monotonic()
+
+                async def renewed_past_their_lapse() -> bool:
+                    now_held = {p: lease.token for p, lease in worker.leases.items()}
+                    assert now_held == held, "a lease was lost while Redis was full"
+                    # Renewed after the lease taken before the fill would have lapsed.
+                    ends = [lease.valid_until for lease in worker.leases.values()]
+                    return min(ends) > filled + 2 * ttl_s
+
+                await until(renewed_past_their_lapse, 30, "the leases to be renewed while full")
+            finally:
+                free(admin)
+        messages = [r.getMessage() for r in caplog.records if r.name == "wakeful.leases"]
+        assert any("Redis is full" in m for m in messages), messages
+        assert not any("unreachable" in m or "lost partition" in m for m in messages), messages
+        await runtime.send(URL, "add a")  # and once memory is freed, it goes on
+        assert (await runtime.wait_idle(URL, timeout=20)).status == "idle"
+        assert await texts(runtime) == ["a"]
+    finally:
+        await runtime.close()
+
+
+async def _holds_all(worker: Any, n: int) -> bool:
+    return len(worker.leases) == n

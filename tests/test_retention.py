@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from tests.apps.harness import until
-from tests.faults import SimulatedCrash
+from tests.faults import SimulatedCrash, lapse_soon
 from tests.script_helpers import create, lease, log
 from tests.test_actions import app, get_selected, use
 from wakeful import (
@@ -300,7 +300,7 @@ async def test_a_crash_at_the_trim_loses_nothing(cluster, point):
     async def runtime() -> Runtime:
         rt = Runtime(
             registry,
-            settings=cluster.settings(lease_ttl_ms=400, **TRIM_ALL),
+            settings=cluster.settings(**TRIM_ALL),
             redis=cluster.redis(),
             archive=exporter,
             run_worker=True,
@@ -327,6 +327,7 @@ async def test_a_crash_at_the_trim_loses_nothing(cluster, point):
     first.worker.fault_hook = hook
     await first.send(URL, f"add {texts[3]}")
     await asyncio.wait_for(crashed.wait(), 15)
+    await lapse_soon(first)
     await first.close()
     cluster.runtimes.remove(first)
     second = await runtime()
@@ -486,3 +487,52 @@ def test_entry_records_are_json_and_keep_undecodable_bytes():
     assert record["kind"] == "undecodable" and record["raw"] == "c1"
     json.dumps(record)
     assert msgspec.json.encode(record)
+
+
+async def test_a_warm_state_behind_a_trim_is_not_folded_across_the_gap(cluster):
+    """A worker keeps an entity's state warm when its partition moves away; the next
+    owner writes snapshots and trims the log behind them. When the partition comes
+    back, the log after the warm state's position is gone: the worker must start from
+    the snapshot, not fold the remaining tail onto its stale state (which lost every
+    message the other owner handled: the chaos run with retention on found this)."""
+    # Partitions move here: a pointer read in flight across a hand-over waits for the
+    # pending sweep, a lease period, so the lease is short (not too short for a loaded box).
+    moving = {"lease_ttl_ms": 3000, "heartbeat_interval_ms": 333, **TRIM_ALL}
+    first = await cluster.runtime(notes_registry(), **moving)
+    assert first.worker is not None and first.store is not None
+    keys = first.store.keys
+    urls = {
+        p: next(f"/notes/w{p}-{i}" for i in range(1000) if keys.partition(f"/notes/w{p}-{i}") == p)
+        for p in range(keys.partitions)
+    }
+    for url in urls.values():  # warm in the first worker, in every partition
+        await add_notes(first, ["a"], url)
+    second = await cluster.runtime(notes_registry(), **moving)
+    assert second.worker is not None
+    await until(lambda: _moved(first, second), 20, "a partition to move to the second worker")
+    p = next(iter(second.worker.leases))
+    url = urls[p]
+    await add_notes(second, ["b1", "b2", "b3"], url)  # snapshots, and trims behind them
+    assert "trimmed" in await second.store.meta(url)
+    await second.close()
+    cluster.runtimes.remove(second)
+    await until(lambda: _holds(first, p), 20, "the partition to come back")
+    await add_notes(first, ["c"], url)
+    assert await note_texts(first, url) == ["a", "b1", "b2", "b3", "c"]
+    # And a cold start agrees (the snapshot the first worker wrote holds it all).
+    await first.close()
+    cluster.runtimes.remove(first)
+    third = await cluster.runtime(notes_registry(), **TRIM_ALL)
+    await add_notes(third, ["d"], url)
+    assert await note_texts(third, url) == ["a", "b1", "b2", "b3", "c", "d"]
+
+
+async def _moved(first: Runtime, second: Runtime) -> bool:
+    assert first.worker is not None and second.worker is not None
+    mine = set(second.worker.leases)
+    return bool(mine) and not mine & set(first.worker.leases)
+
+
+async def _holds(rt: Runtime, partition: int) -> bool:
+    assert rt.worker is not None
+    return partition in rt.worker.leases and not rt.worker.leases[partition].draining

@@ -23,7 +23,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.apps.harness import PrivateRedis, until
-from tests.faults import SimulatedCrash
+from tests.faults import SimulatedCrash, lapse_soon
 from tests.test_cli import run
 from wakeful import Collection, HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.errors import EntityNotFoundError, InvalidScheduleError
@@ -164,7 +164,7 @@ async def test_a_worker_killed_at_the_fire_step_leaves_each_occurrence_fired_onc
     the occurrence once in the first case, and not again in the second."""
     clock = Clock(MORNING)
     reg = recorder()
-    first = await clocked(cluster, reg, clock, lease_ttl_ms=400)
+    first = await clocked(cluster, reg, clock)
     url = "/clock/crash"
     await first.send(url, "hello")
     await first.upsert_cron_schedule(url, "standup", "0 9 * * *", payload="stand up")
@@ -181,10 +181,11 @@ async def test_a_worker_killed_at_the_fire_step_leaves_each_occurrence_fired_onc
     first.worker.fault_hook = hook
     clock.set(NINE + dt.timedelta(seconds=5))
     await asyncio.wait_for(crashed.wait(), 15)
+    await lapse_soon(first)
     await first.close()
     cluster.runtimes.remove(first)
 
-    second = await clocked(cluster, reg, clock, lease_ttl_ms=400)
+    second = await clocked(cluster, reg, clock)
     assert await until_occurrences(second, url, 1) == [f"standup@{ms(NINE)}"]
     clock.set(NEXT_NINE + dt.timedelta(seconds=5))  # the next one still comes, once
     expected = [f"standup@{ms(NINE)}", f"standup@{ms(NEXT_NINE)}"]
