@@ -21,18 +21,18 @@ pointer waited in the inbox; clocks of Redis and the worker may differ a little.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import ModelError
+from .instrument import Call, around
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -94,8 +94,6 @@ TOOL_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
 # What an activation that raises means for its pointers (runners.py decides; these
 # are the exceptions' names, so this module needs nothing above errors.py).
@@ -136,47 +134,35 @@ def commit() -> Iterator[None]:
         COMMIT_LATENCY.observe(time.perf_counter() - started)
 
 
-def model_step(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+@around
+async def model_step(call: Call, agent: Any, args: tuple[Any, ...]) -> Any:
     """``Agent._step``: count the step's tokens, or the model's error."""
-
-    @functools.wraps(method)
-    async def counted(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        model = self.model.name
-        try:
-            result = await method(self, *args, **kwargs)
-        except Exception as exc:
-            # The loop turns a final ModelError into its own failure (the cause).
-            error = exc if isinstance(exc, ModelError) else exc.__cause__
-            if isinstance(error, ModelError):
-                MODEL_ERRORS.labels(model, str(error.retryable).lower()).inc()
-            raise
-        usage: Any = getattr(result, "usage", None)
-        if usage is not None:
-            MODEL_TOKENS.labels(model, "input").inc(usage.input_tokens)
-            MODEL_TOKENS.labels(model, "output").inc(usage.output_tokens)
-        return result
-
-    return counted
+    model = agent.model.name
+    try:
+        result = await call()
+    except Exception as exc:
+        # The loop turns a final ModelError into its own failure (the cause).
+        error = exc if isinstance(exc, ModelError) else exc.__cause__
+        if isinstance(error, ModelError):
+            MODEL_ERRORS.labels(model, str(error.retryable).lower()).inc()
+        raise
+    usage: Any = getattr(result, "usage", None)
+    if usage is not None:
+        MODEL_TOKENS.labels(model, "input").inc(usage.input_tokens)
+        MODEL_TOKENS.labels(model, "output").inc(usage.output_tokens)
+    return result
 
 
-def tool_call(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+@around
+async def tool_call(call: Call, calls: Any, args: tuple[Any, ...]) -> Any:
     """``ToolCalls._execute(run_id, call, tool, params)``: count the call, and a bug."""
-
-    @functools.wraps(method)
-    async def counted(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        tool: Any = args[2]
-        TOOL_CALLS.labels(tool.name).inc()
-        try:
-            return await method(self, *args, **kwargs)
-        except Exception:
-            TOOL_ERRORS.labels(tool.name).inc()
-            raise
-
-    return counted
+    tool: Any = args[2]
+    TOOL_CALLS.labels(tool.name).inc()
+    try:
+        return await call()
+    except Exception:
+        TOOL_ERRORS.labels(tool.name).inc()
+        raise
 
 
 def tool_result(tool: str, is_error: bool) -> None:

@@ -28,15 +28,16 @@ field existed, or while tracing was off, have no ``trace`` and start no trace.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .instrument import Call, Method, around
 
 Carrier = dict[str, str]  # {"traceparent": ..., "tracestate": ...}: W3C trace context
 
@@ -186,99 +187,103 @@ def _deliver_span(
 
 # -- the agent loop (decorators: one line at each instrumented method) ----------------
 
+Opening = tuple[str, SpanKind, dict[str, Any]]  # a span's name, kind and attributes
 
-def agent_run(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
-    """``Agent.run``: an ``invoke_agent`` span with the run's id, status and usage."""
 
-    @functools.wraps(method)
-    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+def _span_around(
+    opens: Callable[[Any, tuple[Any, ...]], Opening],
+    ends: Callable[[Span, Any], None] | None = None,
+    *,
+    error_type: bool = False,
+) -> Callable[[Method[P, R]], Method[P, R]]:
+    """A method decorator: the call runs in the span ``opens(self, args)`` describes,
+    ``ends(span, result)`` records its result (when the span records), and with
+    ``error_type`` an exception's class is set as ``error.type``. Without a tracer
+    the method runs alone."""
+
+    async def observer(call: Call, obj: Any, args: tuple[Any, ...]) -> Any:
         tracer = _active()
         if tracer is None:
-            return await method(self, *args, **kwargs)
-        url = self.wake.entity_url
-        with tracer.start_as_current_span(
-            f"invoke_agent {url}",
-            attributes={
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": url,
-                "gen_ai.request.model": self.model.name,
-            },
-        ) as span:
-            result = await method(self, *args, **kwargs)
-            run: Any = result
-            if span.is_recording():
-                span.set_attribute("wakeful.run.status", run.status)
-                if run.run_id:
-                    span.set_attribute("wakeful.run.id", run.run_id)
-                if run.error:
-                    span.set_status(Status(StatusCode.ERROR, run.error))
-                _usage(span, run.usage)
-            return result
-
-    return traced
-
-
-def model_step(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
-    """One model request of the loop (``Agent._step``): a ``chat {model}`` span."""
-
-    @functools.wraps(method)
-    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        tracer = _active()
-        if tracer is None:
-            return await method(self, *args, **kwargs)
-        model = self.model.name
-        with tracer.start_as_current_span(
-            f"chat {model}",
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
-                "gen_ai.request.max_tokens": self.max_output_tokens,
-            },
-        ) as span:
+            return await call()
+        name, kind, attributes = opens(obj, args)
+        with tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
             try:
-                result = await method(self, *args, **kwargs)
+                result = await call()
             except Exception as exc:
-                span.set_attribute("error.type", type(exc).__name__)
+                if error_type:
+                    span.set_attribute("error.type", type(exc).__name__)
                 raise
-            response: Any = result
-            if span.is_recording():
-                if response.model:
-                    span.set_attribute("gen_ai.response.model", response.model)
-                span.set_attribute("gen_ai.response.finish_reasons", [response.stop_reason])
-                _usage(span, response.usage)
+            if ends is not None and span.is_recording():
+                ends(span, result)
             return result
 
-    return traced
+    return around(observer)
 
 
-def tool_call(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
-    """One tool's execution (``ToolCalls._execute(run_id, call, tool, params)``)."""
+def _run_opens(agent: Any, args: tuple[Any, ...]) -> Opening:
+    url = agent.wake.entity_url
+    return (
+        f"invoke_agent {url}",
+        SpanKind.INTERNAL,
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": url,
+            "gen_ai.request.model": agent.model.name,
+        },
+    )
 
-    @functools.wraps(method)
-    async def traced(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        tracer = _active()
-        if tracer is None:
-            return await method(self, *args, **kwargs)
-        call: Any = args[1]
-        tool: Any = args[2]
-        with tracer.start_as_current_span(
-            f"execute_tool {tool.name}",
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": tool.name,
-                "gen_ai.tool.call.id": call["id"],
-            },
-        ):
-            return await method(self, *args, **kwargs)
 
-    return traced
+def _run_ends(span: Span, run: Any) -> None:
+    span.set_attribute("wakeful.run.status", run.status)
+    if run.run_id:
+        span.set_attribute("wakeful.run.id", run.run_id)
+    if run.error:
+        span.set_status(Status(StatusCode.ERROR, run.error))
+    _usage(span, run.usage)
+
+
+def _step_opens(agent: Any, args: tuple[Any, ...]) -> Opening:
+    model = agent.model.name
+    return (
+        f"chat {model}",
+        SpanKind.CLIENT,
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": agent.max_output_tokens,
+        },
+    )
+
+
+def _step_ends(span: Span, response: Any) -> None:
+    if response.model:
+        span.set_attribute("gen_ai.response.model", response.model)
+    span.set_attribute("gen_ai.response.finish_reasons", [response.stop_reason])
+    _usage(span, response.usage)
+
+
+def _tool_opens(calls: Any, args: tuple[Any, ...]) -> Opening:
+    call: Any = args[1]
+    tool: Any = args[2]
+    return (
+        f"execute_tool {tool.name}",
+        SpanKind.INTERNAL,
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool.name,
+            "gen_ai.tool.call.id": call["id"],
+        },
+    )
+
+
+agent_run = _span_around(_run_opens, _run_ends)
+"""``Agent.run``: an ``invoke_agent`` span with the run's id, status and usage."""
+
+model_step = _span_around(_step_opens, _step_ends, error_type=True)
+"""One model request of the loop (``Agent._step``): a ``chat {model}`` span."""
+
+tool_call = _span_around(_tool_opens)
+"""One tool's execution (``ToolCalls._execute(run_id, call, tool, params)``)."""
 
 
 def tool_result(is_error: bool) -> None:
