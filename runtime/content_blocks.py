@@ -114,11 +114,10 @@ def check_block(block: Any, where: str, *, deep: bool = True) -> dict[str, Any]:
 def _image_source(
     source: dict[str, Any], deep: bool, fail: Callable[[str], Exception]
 ) -> dict[str, Any]:
+    linked = _linked_source(source, fail)
+    if linked is not None:
+        return linked
     kind = source.get("type")
-    if kind == "url":
-        return _url_source(source, fail)
-    if kind == "file":
-        return _file_source(source, fail)
     if kind != "base64":
         raise fail(f"an image source is 'base64', 'url' or 'file', got {kind!r}")
     _only(source, {"type", "media_type", "data"}, "image source", fail)
@@ -128,8 +127,8 @@ def _image_source(
             f"media type {media_type!r} is not one the API takes for images "
             f"({', '.join(IMAGE_MEDIA_TYPES)})"
         )
-    if deep:
-        data = _decoded(source.get("data"), fail)
+    data = _base64_data(source, deep, "image", fail)
+    if data is not None:
         if len(data) > MAX_IMAGE_BYTES:
             raise fail(f"the image is {len(data)} bytes, over the API's {MAX_IMAGE_BYTES}")
         size = image_size(data, media_type)
@@ -140,19 +139,16 @@ def _image_source(
             raise fail(
                 f"the image is {width}x{height} px; the API takes 1 to {MAX_IMAGE_SIDE} px a side"
             )
-    elif not isinstance(source.get("data"), str) or not source["data"]:
-        raise fail("the image's 'data' must be base64 text")
     return dict(source)
 
 
 def _document_source(
     source: dict[str, Any], deep: bool, fail: Callable[[str], Exception]
 ) -> dict[str, Any]:
+    linked = _linked_source(source, fail)
+    if linked is not None:
+        return linked
     kind = source.get("type")
-    if kind == "url":
-        return _url_source(source, fail)
-    if kind == "file":
-        return _file_source(source, fail)
     if kind == "content":
         return _content_source(source, deep, fail)
     if kind == "text":
@@ -174,8 +170,8 @@ def _document_source(
             f"media type {source.get('media_type')!r}: a base64 document is an "
             "'application/pdf' (send text as a 'text' source)"
         )
-    if deep:
-        data = _decoded(source.get("data"), fail)
+    data = _base64_data(source, deep, "document", fail)
+    if data is not None:
         if not data.startswith(b"%PDF-"):
             raise fail("the data is not a PDF (it does not start with %PDF-)")
         if len(data) > MAX_PDF_BYTES:
@@ -183,8 +179,6 @@ def _document_source(
         pages = len(_PAGE.findall(data))
         if pages > MAX_PDF_PAGES:
             raise fail(f"the PDF has {pages} pages, over the API's {MAX_PDF_PAGES}")
-    elif not isinstance(source.get("data"), str) or not source["data"]:
-        raise fail("the document's 'data' must be base64 text")
     return dict(source)
 
 
@@ -203,6 +197,19 @@ def _document_fields(block: dict[str, Any], fail: Callable[[str], Exception]) ->
         or not isinstance(citations["enabled"], bool)
     ):
         raise fail('a document\'s \'citations\' is {"enabled": true} or {"enabled": false}')
+
+
+def _linked_source(
+    source: dict[str, Any], fail: Callable[[str], Exception]
+) -> dict[str, Any] | None:
+    """A source that points at the bytes (a ``url`` or a ``file``, which an image and a
+    document both take), checked; None for a source of another type."""
+    kind = source.get("type")
+    if kind == "url":
+        return _url_source(source, fail)
+    if kind == "file":
+        return _file_source(source, fail)
+    return None
 
 
 def _url_source(source: dict[str, Any], fail: Callable[[str], Exception]) -> dict[str, Any]:
@@ -249,6 +256,18 @@ def _only(
         raise fail(
             f"unknown key{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} in the {what}"
         )
+
+
+def _base64_data(
+    source: dict[str, Any], deep: bool, what: str, fail: Callable[[str], Exception]
+) -> bytes | None:
+    """A base64 source's bytes to check (``deep``), or None once ``data`` is known to be
+    text (a shallow check: content checked when it was sent)."""
+    if deep:
+        return _decoded(source.get("data"), fail)
+    if not isinstance(source.get("data"), str) or not source["data"]:
+        raise fail(f"the {what}'s 'data' must be base64 text")
+    return None
 
 
 def _decoded(data: Any, fail: Callable[[str], Exception]) -> bytes:
