@@ -76,19 +76,27 @@ class Message(Event, tag="msg"):
 RunStatus = Literal["completed", "failed", "cancelled", "truncated", "refused"]
 
 
-class ChildRunFinished(Event, tag="child_run_finished"):
-    """A run of an entity this one subscribed to (``Wake.run_finished``) finished."""
+class RunEnd(Event):
+    """How a run ended: what its ``run_finished`` records and what a subscriber's
+    ``child_run_finished`` repeats (not a kind of its own)."""
 
-    is_input: ClassVar[bool] = True
-    child: str
     run_id: str
     status: RunStatus
     response: str | None = None
     error: str | None = None
-    stop_reason: str | None = None  # the model's, for an agent run (see RunFinished)
+    # An agent run: why the model stopped its last step (``end_turn``, ``max_tokens``,
+    # ``refusal``, ...). None for runs without a model.
+    stop_reason: str | None = None
     # A structured answer (output_type): JSON builtins, and the name of its type.
     output: Any = None
     output_type: str | None = None
+
+
+class ChildRunFinished(RunEnd, tag="child_run_finished", kw_only=True):
+    """A run of an entity this one subscribed to (``Wake.run_finished``) finished."""
+
+    is_input: ClassVar[bool] = True
+    child: str
 
 
 class Changed(Event, tag="changed"):
@@ -248,25 +256,16 @@ class MessageHeld(Event, tag="message_held"):
     message: Message
 
 
-class RunFinished(Event, tag="run_finished"):
+class RunFinished(RunEnd, tag="run_finished"):
     is_output: ClassVar[bool] = True
-    run_id: str
-    status: RunStatus
-    response: str | None = None
-    error: str | None = None
     usage: dict[str, int] | None = None
     steps: int = 0
     tool_calls: int = 0
     at_ms: int = 0  # when (epoch ms; 0 in entries written before it was recorded)
-    # An agent run: why the model stopped its last step (``end_turn``, ``max_tokens``,
-    # ``refusal``, ...), the stop sequence it matched, and the API's ``stop_details``
-    # (a refusal's ``category`` and ``explanation``). None for runs without a model.
-    stop_reason: str | None = None
+    # An agent run's stop sequence it matched, and the API's ``stop_details`` (a
+    # refusal's ``category`` and ``explanation``), beside its ``stop_reason``.
     stop_sequence: str | None = None
     stop_details: dict[str, Any] | None = None
-    # A structured answer (output_type): JSON builtins, and the name of its type.
-    output: Any = None
-    output_type: str | None = None
 
 
 # --- the agent loop's journal (outputs; they make up the conversation) -------
@@ -533,6 +532,7 @@ __all__ = [
     "Op",
     "Outbox",
     "Resumed",
+    "RunEnd",
     "RunFailedNote",
     "RunFinished",
     "RunStarted",

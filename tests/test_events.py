@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from wakeful import (
+    ChildRunFinished,
     Created,
     EntityFailed,
     EntityNotFoundError,
@@ -17,6 +18,7 @@ from wakeful import (
     PayloadTooLargeError,
     Registry,
     Resumed,
+    RunFinished,
     StateChanged,
 )
 from wakeful.events import (
@@ -111,6 +113,54 @@ def test_older_entries_with_unknown_fields_still_decode() -> None:
     # A newer writer may add fields; older readers ignore them.
     data = pack({"t": "msg", "payload": "x", "future_field": 1})
     assert decode_event(data) == Message(payload="x")
+
+
+# A run's end as written before RunFinished and ChildRunFinished shared their fields
+# (RunEnd): the same keys, in the order the old Structs wrote them.
+_OLD_RUN_FINISHED = {
+    "t": "run_finished",
+    "run_id": "r1",
+    "status": "refused",
+    "response": "no",
+    "error": "e",
+    "usage": {"input_tokens": 3},
+    "steps": 2,
+    "tool_calls": 1,
+    "at_ms": 5,
+    "stop_reason": "refusal",
+    "stop_sequence": "STOP",
+    "stop_details": {"category": "cyber"},
+    "output": {"n": 1},
+    "output_type": "Answer",
+    "trace": {"traceparent": "00-x"},
+}
+_OLD_CHILD_RUN_FINISHED = {
+    "t": "child_run_finished",
+    "child": "/researcher/r",
+    "run_id": "r1",
+    "status": "completed",
+    "response": "ok",
+    "stop_reason": "end_turn",
+    "output": [1],
+    "output_type": "Answer",
+}
+
+
+@pytest.mark.parametrize(
+    ("entry", "kind"),
+    [(_OLD_RUN_FINISHED, RunFinished), (_OLD_CHILD_RUN_FINISHED, ChildRunFinished)],
+    ids=["run_finished", "child_run_finished"],
+)
+def test_a_run_end_written_before_its_fields_were_shared_decodes_to_the_same_event(
+    entry: dict[str, object], kind: type
+) -> None:
+    decoded = decode_event(msgspec.msgpack.encode(entry))  # keys in the order given
+    assert type(decoded) is kind
+    assert {name: getattr(decoded, name) for name in entry if name != "t"} == {
+        name: value for name, value in entry.items() if name != "t"
+    }
+    # And it writes back the same keys and values (a map: the order is not read).
+    assert unpack(encode_event(decoded)) == entry
 
 
 def test_size_limit_on_encode() -> None:
