@@ -12,7 +12,8 @@ worker stop runs again, with the same ``tool_call_id``.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -27,6 +28,9 @@ from .memory import Note, _preview, _problem
 
 if TYPE_CHECKING:
     from wakeful.context import HandlerContext
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 __all__ = [
     "CalculatorOutput",
@@ -101,6 +105,28 @@ class CancelInput(msgspec.Struct):
 class CancelOutput(msgspec.Struct):
     id: str
     cancelled: bool
+
+
+def _ready_made(
+    name: str,
+    *,
+    description: str,
+    input: type[In],
+    output: type[Out],
+    execute: Callable[[ToolContext[In, None]], Awaitable[Out]],
+    to_model_output: Callable[[Out], str] | None = None,
+) -> tuple[str, ToolDef[Any, Any, None]]:
+    """One of these tools under its usual name, with the id ``wakeful.<name>/v1``; every
+    one opts in to ``rerun_in_doubt`` (see the module's docstring)."""
+    return name, define_tool(
+        id=f"wakeful.{name}/v1",
+        description=description,
+        input=input,
+        output=output,
+        execute=execute,
+        to_model_output=to_model_output,
+        rerun_in_doubt=True,
+    )
 
 
 def typed_tools(
@@ -196,66 +222,60 @@ def typed_tools(
     def calculated(output: CalculatorOutput) -> str:
         return f"{output.expression} = {output.text}"
 
-    tools: dict[str, ToolDef[Any, Any, None]] = {
-        "memory": define_tool(
-            id="wakeful.memory/v1",
-            description="Your long-term memory, kept across conversations and restarts: get, "
-            "set, delete or list short facts by key.",
-            input=MemoryInput,
-            output=MemoryOutput,
-            rerun_in_doubt=True,
-            execute=memory,
-        ),
-        "send_message": define_tool(
-            id="wakeful.send_message/v1",
-            description="Send a text message to another entity.",
-            input=SendInput,
-            output=SentOutput,
-            rerun_in_doubt=True,
-            execute=send_message,
-        ),
-        "dispatch": define_tool(
-            id="wakeful.dispatch/v1",
-            description="Hand a task to a new child agent of the given type. Returns at once; "
-            "you are woken with the child's answer when its run finishes.",
-            input=DispatchInput,
-            output=DispatchOutput,
-            rerun_in_doubt=True,
-            execute=dispatch,
-            to_model_output=dispatched,
-        ),
-        "calculator": define_tool(
-            id="wakeful.calculator/v1",
-            description="Evaluate an arithmetic expression exactly (never guess arithmetic).",
-            input=Calculation,
-            output=CalculatorOutput,
-            rerun_in_doubt=True,
-            execute=calculator,
-            to_model_output=calculated,
-        ),
-        "schedule_message": define_tool(
-            id="wakeful.schedule_message/v1",
-            description="Send a message later (a durable timer that survives restarts).",
-            input=ScheduleInput,
-            output=SentOutput,
-            rerun_in_doubt=True,
-            execute=schedule_message,
-        ),
-        "list_schedules": define_tool(
-            id="wakeful.list_schedules/v1",
-            description="List your pending scheduled messages (id, url, text, seconds left).",
-            input=NoInput,
-            output=ScheduleList,
-            rerun_in_doubt=True,
-            execute=list_schedules,
-        ),
-        "cancel_schedule": define_tool(
-            id="wakeful.cancel_schedule/v1",
-            description="Cancel a pending scheduled message by its id.",
-            input=CancelInput,
-            output=CancelOutput,
-            rerun_in_doubt=True,
-            execute=cancel_schedule,
-        ),
-    }
-    return tools
+    return dict(
+        [
+            _ready_made(
+                "memory",
+                description="Your long-term memory, kept across conversations and restarts: get, "
+                "set, delete or list short facts by key.",
+                input=MemoryInput,
+                output=MemoryOutput,
+                execute=memory,
+            ),
+            _ready_made(
+                "send_message",
+                description="Send a text message to another entity.",
+                input=SendInput,
+                output=SentOutput,
+                execute=send_message,
+            ),
+            _ready_made(
+                "dispatch",
+                description="Hand a task to a new child agent of the given type. Returns at once; "
+                "you are woken with the child's answer when its run finishes.",
+                input=DispatchInput,
+                output=DispatchOutput,
+                execute=dispatch,
+                to_model_output=dispatched,
+            ),
+            _ready_made(
+                "calculator",
+                description="Evaluate an arithmetic expression exactly (never guess arithmetic).",
+                input=Calculation,
+                output=CalculatorOutput,
+                execute=calculator,
+                to_model_output=calculated,
+            ),
+            _ready_made(
+                "schedule_message",
+                description="Send a message later (a durable timer that survives restarts).",
+                input=ScheduleInput,
+                output=SentOutput,
+                execute=schedule_message,
+            ),
+            _ready_made(
+                "list_schedules",
+                description="List your pending scheduled messages (id, url, text, seconds left).",
+                input=NoInput,
+                output=ScheduleList,
+                execute=list_schedules,
+            ),
+            _ready_made(
+                "cancel_schedule",
+                description="Cancel a pending scheduled message by its id.",
+                input=CancelInput,
+                output=CancelOutput,
+                execute=cancel_schedule,
+            ),
+        ]
+    )
