@@ -60,12 +60,11 @@ class HandlerServices:
         return out
 
     async def cancel_schedule(self, url: str, created: str, schedule_id: str) -> bool:
-        token = self._token(self.store.keys.partition(url))
-        if token is None:
-            raise FencedError(f"the lease of {url}'s partition is lost")
-        return await self.store.cancel_timer(url, token, f"{url}|{created}|{schedule_id}")
+        timer = f"{url}|{created}|{schedule_id}"
+        return await self.store.cancel_timer(url, self._lease(url), timer)
 
     def _lease(self, url: str) -> str:
+        """The fencing token of ``url``'s partition, held by this worker."""
         token = self._token(self.store.keys.partition(url))
         if token is None:
             raise FencedError(f"the lease of {url}'s partition is lost")
