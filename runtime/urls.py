@@ -33,31 +33,32 @@ class EntityUrl(NamedTuple):
         return f"/{self.type}/{self.id}"
 
 
-def _type_problem(name: object) -> str | None:
-    if not isinstance(name, str):
-        return f"must be a string, not {type(name).__name__}"
-    if not name:
+def _part_problem(part: object, limit: int) -> str | None:
+    """What a type and an id both must be: a non-empty string of at most ``limit``."""
+    if not isinstance(part, str):
+        return f"must be a string, not {type(part).__name__}"
+    if not part:
         return "must not be empty"
-    if len(name) > TYPE_MAX:
-        return f"is {len(name)} characters long, the limit is {TYPE_MAX}"
-    if not _TYPE_RE.fullmatch(name):
-        return "must start with a lowercase letter and use only a-z, 0-9, '_' and '-'"
+    if len(part) > limit:
+        return f"is {len(part)} characters long, the limit is {limit}"
     return None
+
+
+def _type_problem(name: object) -> str | None:
+    problem = _part_problem(name, TYPE_MAX)
+    if problem is None and not _TYPE_RE.fullmatch(str(name)):
+        return "must start with a lowercase letter and use only a-z, 0-9, '_' and '-'"
+    return problem
 
 
 def _id_problem(entity_id: object) -> str | None:
-    if not isinstance(entity_id, str):
-        return f"must be a string, not {type(entity_id).__name__}"
-    if not entity_id:
-        return "must not be empty"
-    if len(entity_id) > ID_MAX:
-        return f"is {len(entity_id)} characters long, the limit is {ID_MAX}"
-    if not _ID_RE.fullmatch(entity_id):
-        bad = sorted({c for c in entity_id if not re.fullmatch(r"[A-Za-z0-9._~:@-]", c)})
+    problem = _part_problem(entity_id, ID_MAX)
+    if problem is None and not _ID_RE.fullmatch(text := str(entity_id)):
+        bad = sorted({c for c in text if not re.fullmatch(r"[A-Za-z0-9._~:@-]", c)})
         if bad:
             return f"contains characters that are not allowed: {''.join(bad)!r}"
         return "must start with a letter or a digit"
-    return None
+    return problem
 
 
 def validate_type_name(name: object) -> str:
@@ -71,11 +72,7 @@ def validate_type_name(name: object) -> str:
 
 def entity_url(type_name: str, entity_id: str) -> str:
     """Build ``/<type>/<id>`` after validating both parts."""
-    if problem := _type_problem(type_name):
-        raise InvalidUrlError(type_name, "type", problem)
-    if problem := _id_problem(entity_id):
-        raise InvalidUrlError(entity_id, "id", problem)
-    return f"/{type_name}/{entity_id}"
+    return str(_checked(type_name, entity_id))
 
 
 def parse_url(url: object) -> EntityUrl:
@@ -88,6 +85,11 @@ def parse_url(url: object) -> EntityUrl:
     if len(parts) != 2:
         raise InvalidUrlError(url, "url", "must have exactly two parts: /<type>/<id>")
     type_name, entity_id = parts
+    return _checked(type_name, entity_id)
+
+
+def _checked(type_name: str, entity_id: str) -> EntityUrl:
+    """The two parts of a URL, checked; the error names the one that is wrong."""
     if problem := _type_problem(type_name):
         raise InvalidUrlError(type_name, "type", problem)
     if problem := _id_problem(entity_id):
