@@ -4,58 +4,14 @@ worker; authorised as the gateway's other reads."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
 import pytest
 
-from wakeful import HandlerContext, Registry, Wake, console_api
-from wakeful.entities import notes
+from tests.gateway_apps import ALICE, BOB, TOKENS, http_for, ops_registry
+from wakeful import console_api
 from wakeful.events import HandlerFailed
-from wakeful.gateway import bearer_tokens, create_app
+from wakeful.gateway import bearer_tokens
 
 pytestmark = pytest.mark.anyio
-TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}
-ALICE = {"authorization": "Bearer t-alice"}
-BOB = {"authorization": "Bearer t-bob"}
-
-
-def ops_registry() -> Registry:
-    """``tree`` spawns two children a level down (the message is the depth); ``broken``
-    always raises (with a secret in its error); ``echo`` replies."""
-    reg = Registry()
-    notes.register(reg)
-
-    @reg.entity("tree")
-    async def tree(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            depth = int(m.payload)
-            if depth > 0:
-                for n in range(2):
-                    await ctx.spawn(
-                        "tree",
-                        f"{ctx.entity_id}.{n}",
-                        initial_message=str(depth - 1),
-                        wake=Wake.run_finished(include_response=True),
-                    )
-            ctx.reply(f"depth {depth}")
-
-    @reg.entity("broken")
-    async def broken(ctx: HandlerContext) -> None:
-        raise RuntimeError("boom: the disk is full")
-
-    @reg.entity("echo")
-    async def echo(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            ctx.reply(f"echo {m.payload}")
-
-    return reg
-
-
-def http_for(rt: Any, **options: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(create_app(rt, **options)), base_url="http://gw"
-    )
 
 
 async def test_every_entity_across_types_filtered_by_status_and_id(cluster):

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.gateway_apps import FLAKY, ops_registry
 from tests.test_console import browser_page, serving
-from wakeful import HandlerContext, Registry, Wake
-from wakeful.entities import assistant, notes
 from wakeful.errors import EntityNotFoundError
 from wakeful.events import RunFinished
 from wakeful.gateway import bearer_tokens, create_app
@@ -27,53 +26,6 @@ from wakeful.urls import ID_PATTERN
 
 pytestmark = pytest.mark.anyio
 Shot = Callable[[Any, str], Awaitable[Path]]
-FLAKY = {"failing": True}  # the flaky type raises while this is set
-LONG = "a-child-with-a-long-id-that-would-not-fit-the-sidebar-" + "x" * 60
-
-
-def ops_registry() -> Registry:
-    """The ready-made types, and: ``tree`` (spawns two children a level down; the
-    message is the depth), ``broken`` (always raises), ``flaky`` (raises while
-    FLAKY["failing"]), ``wide`` (one child with a long id and a long answer)."""
-    reg = Registry()
-    notes.register(reg)
-    assistant.register(reg)
-
-    @reg.entity("tree")
-    async def tree(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            depth = int(m.payload)
-            for n in range(2 if depth > 0 else 0):
-                await ctx.spawn(
-                    "tree",
-                    f"{ctx.entity_id}.{n}",
-                    initial_message=str(depth - 1),
-                    wake=Wake.run_finished(include_response=True),
-                )
-            ctx.reply(f"depth {depth}")
-
-    @reg.entity("broken")
-    async def broken(ctx: HandlerContext) -> None:
-        raise RuntimeError("boom: the disk is full")
-
-    @reg.entity("flaky")
-    async def flaky(ctx: HandlerContext) -> None:
-        if FLAKY["failing"]:
-            raise RuntimeError("not yet")
-        for m in ctx.wake.messages:
-            ctx.reply(f"done {m.payload}")
-
-    @reg.entity("wide")
-    async def wide(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            if m.payload == "go":
-                await ctx.spawn(
-                    "wide", LONG, initial_message="x", wake=Wake.run_finished(include_response=True)
-                )
-            else:
-                ctx.reply("a long answer without spaces " + "y" * 300)
-
-    return reg
 
 
 @pytest.fixture
