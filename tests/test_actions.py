@@ -8,11 +8,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 
 from tests.faults import SimulatedCrash, lapse_soon
+from tests.gateway_apps import http_for
 from wakeful import (
     HandlerContext,
     LogRecord,
@@ -35,7 +35,7 @@ from wakeful.agent import RunResult
 from wakeful.contracts import ApprovalInfo, CallInfo, OutputInfo
 from wakeful.errors import ToolDisabledError
 from wakeful.events import ActionRequested, ActionSettled, ToolOutcome
-from wakeful.gateway import bearer_tokens, create_app
+from wakeful.gateway import bearer_tokens
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -512,8 +512,7 @@ async def test_a_tool_disabled_while_pending_refuses_an_answer_and_stays_pending
     assert [a.tool_call_id for a in await rt.pending_actions(URL)] == ["c1"]
     assert not await of_type(rt, ActionSettled)
     # Over HTTP: 409 with the error's type.
-    gateway = create_app(rt, authenticate=bearer_tokens({"t1": U1}))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(gateway), base_url="http://gw")
+    http = http_for(rt, authenticate=bearer_tokens({"t1": U1}))
     verb, body = ("submit", {"output": {"text": "x"}}) if answer == "submit" else ("approve", {})
     async with http:
         refused = await http.post(
@@ -860,7 +859,7 @@ async def test_a_message_sent_while_suspended_does_not_hide_the_submitted_output
 async def test_skip_over_http(cluster: Any) -> None:
     runs: list[RunResult] = []
     rt = await cluster.runtime(app({"t": Registration(get_selected)}, [use("c1", "t", {})], runs))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    http = http_for(rt)
     async with http:
         await http.post("/entities/page/p/messages", json={"payload": "go"})
         await suspended(rt)

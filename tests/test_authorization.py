@@ -13,6 +13,9 @@ import httpx
 import msgspec
 import pytest
 
+from tests.gateway_apps import ALICE as AS_ALICE
+from tests.gateway_apps import BOB as AS_BOB
+from tests.gateway_apps import TOKENS, http_for, register_echo
 from wakeful import (
     HandlerContext,
     LogRecord,
@@ -40,7 +43,7 @@ from wakeful.events import (
     RunStarted,
     UserTurn,
 )
-from wakeful.gateway import bearer_tokens, create_app
+from wakeful.gateway import bearer_tokens
 from wakeful.keys import owner_mark
 from wakeful.models import ModelRequest, ModelResponse
 from wakeful.run_owner import split_inputs
@@ -48,10 +51,7 @@ from wakeful.state import SystemState
 
 pytestmark = pytest.mark.anyio
 
-TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}
-ALICE, BOB = {"user": "alice"}, {"user": "bob"}
-AS_ALICE = {"authorization": "Bearer t-alice"}
-AS_BOB = {"authorization": "Bearer t-bob"}
+ALICE, BOB = {"user": "alice"}, {"user": "bob"}  # identities (AS_ALICE: her headers)
 VAULT = "/vault/v"
 
 
@@ -105,10 +105,7 @@ def registry(forgotten: list[tuple[str, Any]]) -> Registry:
         ctx.use_agent(agent)
         await ctx.agent.run()
 
-    @reg.entity("echo")
-    async def echo(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            ctx.reply(f"echo {m.payload}")
+    register_echo(reg)
 
     @reg.entity("parent")
     async def parent(ctx: HandlerContext) -> None:
@@ -119,8 +116,7 @@ def registry(forgotten: list[tuple[str, Any]]) -> Registry:
 
 
 def gateway(rt: Runtime, **options: Any) -> httpx.AsyncClient:
-    app = create_app(rt, authenticate=bearer_tokens(TOKENS), **options)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw")
+    return http_for(rt, authenticate=bearer_tokens(TOKENS), **options)
 
 
 async def log(rt: Runtime, url: str) -> list[Any]:

@@ -9,15 +9,13 @@ import httpx
 import msgspec
 import pytest
 
+from tests.gateway_apps import ALICE, BOB, TOKENS, http_for, register_echo
 from wakeful import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
 from wakeful.authorization import EntityAccess
-from wakeful.gateway import bearer_tokens, create_app
+from wakeful.gateway import bearer_tokens
 from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
-TOKENS = {"t-alice": {"user": "alice"}, "t-bob": {"user": "bob"}}
-ALICE = {"authorization": "Bearer t-alice"}
-BOB = {"authorization": "Bearer t-bob"}
 
 
 class NoArgs(msgspec.Struct):
@@ -31,10 +29,7 @@ class Selection(msgspec.Struct):
 def app_registry() -> Registry:
     reg = Registry()
 
-    @reg.entity("echo")
-    async def echo(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            ctx.reply(f"echo {m.payload}")
+    register_echo(reg)
 
     @reg.entity("parent")
     async def parent(ctx: HandlerContext) -> None:
@@ -73,10 +68,8 @@ def only_own(request: EntityAccess) -> bool:
 
 async def client_for(cluster: Any) -> tuple[httpx.AsyncClient, Any]:
     rt = await cluster.runtime(app_registry())
-    app = create_app(
-        rt, authenticate=bearer_tokens(TOKENS), authorize=only_own, max_body_bytes=10_000
-    )
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw"), rt
+    authenticate = bearer_tokens(TOKENS)
+    return http_for(rt, authenticate=authenticate, authorize=only_own, max_body_bytes=10_000), rt
 
 
 def sse_events(text: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.apps.harness import free_port
+from tests.gateway_apps import http_for
 from wakeful import AgentTool, HandlerContext, Registry, ScriptedModel, ToolResult
 from wakeful.errors import EntityNotFoundError
-from wakeful.gateway import create_app
 from wakeful.models import ModelError, ModelResponse, Usage
 
 pytestmark = pytest.mark.anyio
@@ -87,7 +87,7 @@ def registry() -> Registry:
 
 
 def gateway(rt: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    return http_for(rt)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,10 +7,10 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 
+from tests.gateway_apps import http_for
 from tests.test_contracts import Text, Upper, app, outcomes, results_in, step, upper_tool, use
 from wakeful import (
     HandlerContext,
@@ -25,7 +25,6 @@ from wakeful import (
     tool,
 )
 from wakeful.contracts import OutputInfo, RuntimeErrorInfo, ToolOutcomeInfo
-from wakeful.gateway import create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -209,7 +208,7 @@ async def test_a_bug_reaches_on_runtime_error_in_full_and_clients_see_it_redacte
     assert recorded.tool_call_id == "c1" and SECRET in recorded.detail
     # Clients: the tool result and everything the gateway streams, without the secret.
     assert (await outcomes(rt))["c1"].details == {"error": public}
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    http = http_for(rt)
     async with http:
         stream = await http.get("/entities/bot/b/events?follow=0")
     assert stream.status_code == 200
@@ -283,7 +282,7 @@ async def test_a_handlers_traceback_stays_with_operators(cluster):
     assert (await rt.wait_idle("/fails/f", timeout=30)).status == "failed"
     [failure] = [r.event async for r in rt.events("/fails/f") if isinstance(r.event, HandlerFailed)]
     assert "Traceback" in failure.traceback and "test_outputs.py" in failure.traceback
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(rt)), base_url="http://gw")
+    http = http_for(rt)
     async with http:
         stream = await http.get("/entities/fails/f/events?follow=0")
     assert stream.status_code == 200

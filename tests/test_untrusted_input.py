@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.gateway_apps import http_for
 from wakeful import Collection, HandlerContext, Registry, ScriptedModel
 from wakeful.actions import (
     ActionValidationError,
@@ -26,7 +27,6 @@ from wakeful.actions import (
 from wakeful.config import Settings
 from wakeful.errors import EntityNotFoundError, InvalidPayloadError
 from wakeful.events import ActionRequested
-from wakeful.gateway import create_app
 from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -58,8 +58,7 @@ def registry() -> Registry:
 
 async def gateway(cluster: Any) -> tuple[httpx.AsyncClient, Any]:
     rt = await cluster.runtime(registry())
-    app = create_app(rt)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw"), rt
+    return http_for(rt), rt
 
 
 def probe(output_schema: Any) -> list[dict[str, Any]]:

@@ -7,10 +7,10 @@ import dataclasses
 import json
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 
+from tests.gateway_apps import http_for, register_echo
 from wakeful import (
     HandlerContext,
     InvalidEventError,
@@ -31,7 +31,6 @@ from wakeful.events import (
     UndecodableRecord,
     encode_event,
 )
-from wakeful.gateway import create_app
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -76,10 +75,7 @@ def registry(executions: list[str]) -> Registry:
         ctx.use_agent(agent)
         await ctx.agent.run()
 
-    @reg.entity("echo")
-    async def echo(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            ctx.reply(f"echo {m.payload}")
+    register_echo(reg)
 
     return reg
 
@@ -93,11 +89,6 @@ async def readable(rt: Runtime, url: str) -> list[Any]:
     records = await entries(rt, url)
     assert not [r for r in records if isinstance(r, UndecodableRecord)], records
     return [r.event for r in records if isinstance(r, LogRecord)]
-
-
-def http_for(rt: Runtime, **options: Any) -> httpx.AsyncClient:
-    app = create_app(rt, **options)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw")
 
 
 # -- item 3: nothing undecodable is appended -----------------------------------------------
