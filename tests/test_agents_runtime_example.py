@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_apps import use
 from wakeful import (
     AgentTool,
     Collection,
@@ -43,10 +44,6 @@ class Fact(msgspec.Struct):
 class MemoryArgs(msgspec.Struct):
     key: str
     value: str | None = None  # set when given, else get
-
-
-def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
 
 
 def coordinator_model(request: ModelRequest) -> ModelResponse | str:

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_apps import URL, Text, Upper, UserCtx, app, outcomes, results_in, step, use
 from wakeful import (
     AgentDef,
     Capability,
@@ -27,28 +28,14 @@ from wakeful import (
     tool,
 )
 from wakeful.contracts import CallInfo, OutputInfo, ToolOutcomeInfo
-from wakeful.events import ToolIntent, ToolOutcome
+from wakeful.events import ToolIntent
 from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
 
-URL = "/bot/b"
-
-
-class Text(msgspec.Struct):
-    text: str
-
-
-class Upper(msgspec.Struct):
-    upper: str
-
 
 class Count(msgspec.Struct):
     n: int
-
-
-class UserCtx(msgspec.Struct):
-    user_id: str
 
 
 class AppCtx(msgspec.Struct):
@@ -57,37 +44,8 @@ class AppCtx(msgspec.Struct):
     secret_scope: str = "all"
 
 
-def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
-
-
-def step(*calls: dict[str, Any]) -> ModelResponse:
-    return ModelResponse(content=list(calls), stop_reason="tool_use")
-
-
-def results_in(request: ModelRequest) -> dict[str, dict[str, Any]]:
-    """The tool results a request carries back to the model, by call id."""
-    return {b["tool_use_id"]: b for b in request.messages[-1]["content"]}
-
-
 def tool_names(request: ModelRequest) -> list[str]:
     return [t["name"] for t in request.tools]
-
-
-def app(agent: AgentDef) -> Registry:
-    reg = Registry()
-    reg.agent(agent)
-
-    @reg.entity("bot")
-    async def bot(ctx: HandlerContext) -> None:
-        ctx.use_agent(agent)
-        await ctx.agent.run()
-
-    return reg
-
-
-async def outcomes(rt: Runtime, url: str = URL) -> dict[str, ToolOutcome]:
-    return {e.tool_call_id: e for e in await rt.history(url) if isinstance(e, ToolOutcome)}
 
 
 async def finished(rt: Runtime, url: str = URL) -> list[RunFinished]:

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_apps import app
 from tests.anthropic_fakes import (
     MODEL,
     Server,
@@ -22,7 +23,6 @@ from tests.anthropic_fakes import (
 )
 from wakeful import (
     AgentTool,
-    HandlerContext,
     Registry,
     RunFailedError,
     RunFinished,
@@ -80,15 +80,7 @@ def painter_app(server: Server, picture: bytes, media_type: str, project: Any) -
         model=AnthropicModel(MODEL, client=server.client()),
         tools={"render": render_tool},
     )
-    reg = Registry()
-    reg.agent(agent)
-
-    @reg.entity("bot")
-    async def bot(ctx: HandlerContext) -> None:
-        ctx.use_agent(agent)
-        await ctx.agent.run()
-
-    return reg
+    return app(agent)
 
 
 def one_image(output: Picture) -> dict[str, Any]:  # a single block, as the README allows

@@ -9,12 +9,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_apps import events_of
 from tests.anthropic_fakes import MODEL, Server, ok, stream_body, text_block
 from wakeful import (
     AgentTool,
     AssistantStep,
     HandlerContext,
-    LogRecord,
     Registry,
     RunFinished,
     ToolResult,
@@ -83,14 +83,6 @@ def called_by(index: int) -> list[dict[str, Any]]:
     return [
         {"type": "content_block_start", "index": index, "content_block": block},
         {"type": "content_block_stop", "index": index},
-    ]
-
-
-async def events_of(rt: Any, url: str, kind: type) -> list[Any]:
-    return [
-        r.event
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, kind)
     ]
 
 

@@ -12,12 +12,12 @@ from typing import Any, TypedDict
 import msgspec
 import pytest
 
+from tests.agent_apps import events_of
 from tests.anthropic_fakes import Server, ok, stream_body, text_block, tool_block
 from tests.faults import crash_and_recover
 from wakeful import (
     AgentTool,
     HandlerContext,
-    LogRecord,
     Registry,
     RunFailedError,
     RunFinished,
@@ -61,14 +61,6 @@ def judge_app(model: Any, results: list[Any] | None = None, **options: Any) -> R
             results.append(result)
 
     return reg
-
-
-async def events_of(rt: Any, url: str, kind: type) -> list[Any]:
-    return [
-        r.event
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, kind)
-    ]
 
 
 async def test_a_valid_answer_is_the_runs_output_on_the_first_try(cluster):

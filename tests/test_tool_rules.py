@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from tests.faults import crash_and_recover
+from tests.agent_apps import URL, Text, Upper, UserCtx, app, outcomes, results_in, step, use
 from wakeful import (
     AgentDef,
     AgentTool,
@@ -31,51 +32,8 @@ from wakeful import (
 from wakeful.agent_options import OPTION_NAMES
 from wakeful.contracts import ApprovalInfo, CallInfo
 from wakeful.events import ActionRequested, ToolIntent, ToolOutcome, decode_event
-from wakeful.models import ModelRequest, ModelResponse
 
 pytestmark = pytest.mark.anyio
-
-URL = "/bot/b"
-
-
-class Text(msgspec.Struct):
-    text: str
-
-
-class Upper(msgspec.Struct):
-    upper: str
-
-
-class UserCtx(msgspec.Struct):
-    user_id: str
-
-
-def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
-
-
-def step(*calls: dict[str, Any]) -> ModelResponse:
-    return ModelResponse(content=list(calls), stop_reason="tool_use")
-
-
-def results_in(request: ModelRequest) -> dict[str, dict[str, Any]]:
-    return {b["tool_use_id"]: b for b in request.messages[-1]["content"]}
-
-
-def app(agent: AgentDef, **use_options: Any) -> Registry:
-    reg = Registry()
-    reg.agent(agent)
-
-    @reg.entity("bot")
-    async def bot(ctx: HandlerContext) -> None:
-        ctx.use_agent(agent, **use_options)
-        await ctx.agent.run()
-
-    return reg
-
-
-async def outcomes(rt: Runtime, url: str = URL) -> dict[str, ToolOutcome]:
-    return {e.tool_call_id: e for e in await rt.history(url) if isinstance(e, ToolOutcome)}
 
 
 def whoami(seen: list[Any], context: Any = UserCtx) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.agent_apps import step, use
 from wakeful import HandlerContext, Registry, ScriptedModel, define_agent
 from wakeful.events import ToolOutcome
 from wakeful.models import ModelResponse
@@ -17,14 +18,6 @@ from wakeful.tools.memory import MEMORY_COLLECTION
 from wakeful.tools.typed import typed_tools
 
 pytestmark = pytest.mark.anyio
-
-
-def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
-
-
-def step(*calls: dict[str, Any]) -> ModelResponse:
-    return ModelResponse(content=list(calls), stop_reason="tool_use")
 
 
 async def test_the_typed_ready_made_tools_work_end_to_end(cluster):
