@@ -1,6 +1,6 @@
-"""Fakes of the Messages API for tests: recorded server-sent-event streams, and a
+"""Fakes of the Messages API for tests: recorded server-sent-event streams, a
 ``Server`` that answers the real anthropic SDK through ``httpx2.MockTransport``
-(no network, no API key)."""
+(no network, no API key), and a ``bot`` whose agent talks to it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx2
 
+from wakeful import HandlerContext, Registry
 from wakeful.models import AnthropicModel
 
 MODEL = "claude-sonnet-4-6"
@@ -162,3 +163,24 @@ class Server:
 
     def body(self, n: int = 0) -> dict[str, Any]:
         return json.loads(self.requests[n].content)
+
+
+def bot_app(server: Server, results: list[Any] | None = None, **options: Any) -> Registry:
+    """``bot``: each wake runs an agent ("You answer.", no tools, ``use_agent`` options)
+    on the real SDK through ``server``; ``results`` collects each run's result."""
+    client = server.client()
+    reg = Registry()
+
+    @reg.entity("bot")
+    async def bot(ctx: HandlerContext) -> None:
+        ctx.use_agent(
+            system_prompt="You answer.",
+            model=AnthropicModel(MODEL, client=client),
+            tools=[],
+            **options,
+        )
+        result = await ctx.agent.run()
+        if results is not None:
+            results.append(result)
+
+    return reg

@@ -10,10 +10,11 @@ from typing import Any
 import httpx2
 import pytest
 
+from tests.agent_apps import events_of
 from tests.anthropic_fakes import (
-    MODEL,
     SSE_HEADERS,
     Server,
+    bot_app,
     error_response,
     message_start,
     ok,
@@ -26,7 +27,6 @@ from tests.faults import crash_and_recover
 from wakeful import (
     AssistantStep,
     HandlerContext,
-    LogRecord,
     Registry,
     RunFailedError,
     RunFinished,
@@ -34,24 +34,12 @@ from wakeful import (
 from wakeful.errors import ModelError
 from wakeful.events import HandlerFailed, ModelRetryDue, ModelRetryWait
 from wakeful.model_retry import next_wait
-from wakeful.models import AnthropicModel
 
 pytestmark = pytest.mark.anyio
 
 
 def app(server: Server, **options: Any) -> Registry:
-    client = server.client(max_retries=0)  # the SDK gives up at once: the agent's turn
-    reg = Registry()
-
-    @reg.entity("bot")
-    async def bot(ctx: HandlerContext) -> None:
-        ctx.use_agent(
-            system_prompt="You answer.",
-            model=AnthropicModel(MODEL, client=client),
-            tools=[],
-            **options,
-        )
-        await ctx.agent.run()
+    reg = bot_app(server, **options)  # the SDK gives up at once (max_retries=0): our turn
 
     @reg.entity("echo")
     async def echo(ctx: HandlerContext) -> None:
@@ -59,14 +47,6 @@ def app(server: Server, **options: Any) -> Registry:
             ctx.reply(f"echo: {message.payload}")
 
     return reg
-
-
-async def events_of(rt: Any, url: str, kind: type) -> list[Any]:
-    return [
-        r.event
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, kind)
-    ]
 
 
 def answer(text: str) -> httpx2.Response:

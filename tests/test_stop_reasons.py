@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from tests.anthropic_fakes import MODEL, Server, ok, stream_body, text_block
+from tests.agent_apps import events_of
+from tests.anthropic_fakes import Server, bot_app, ok, stream_body, text_block
 from wakeful import (
     AssistantStep,
     HandlerContext,
-    LogRecord,
     Registry,
     RunFailedError,
     RunFinished,
@@ -24,38 +24,10 @@ from wakeful import (
 from wakeful.cli_parser import OK, REFUSED, RUN_FAILED, TRUNCATED
 from wakeful.cli_reply import exit_code
 from wakeful.events import ChildRunFinished
-from wakeful.models import AnthropicModel
 
 pytestmark = pytest.mark.anyio
 
 REFUSAL = {"type": "refusal", "category": "cyber", "explanation": "It asks for malware."}
-
-
-def bot_app(server: Server, results: list[Any] | None = None, **options: Any) -> Registry:
-    client = server.client()
-    reg = Registry()
-
-    @reg.entity("bot")
-    async def bot(ctx: HandlerContext) -> None:
-        ctx.use_agent(
-            system_prompt="You answer.",
-            model=AnthropicModel(MODEL, client=client),
-            tools=[],
-            **options,
-        )
-        result = await ctx.agent.run()
-        if results is not None:
-            results.append(result)
-
-    return reg
-
-
-async def events_of(rt: Any, url: str, kind: type) -> list[Any]:
-    return [
-        r.event
-        async for r in rt.events(url)
-        if isinstance(r, LogRecord) and isinstance(r.event, kind)
-    ]
 
 
 def answer(*deltas: str, stop_reason: str, **end: Any) -> bytes:
