@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.apps.harness import free_port
+from tests.apps.harness import serving_embedded
 from tests.terminals import on_a_terminal
 from wakeful import HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.entities import assistant, notes
@@ -342,34 +342,7 @@ def test_serve_answers_http_on_the_embedded_default():
 
     import httpx
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wakeful.cli",
-            "serve",
-            "wakeful.entities:registry",
-            "--port",
-            str(port),
-            "--token",
-            "alice=secret",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(base + "/openapi.json", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serving_embedded("--token", "alice=secret") as (_, base):
         auth = {"authorization": "Bearer secret"}
         assert httpx.get(base + "/manifest").status_code == 401
         sent = httpx.post(
@@ -382,9 +355,6 @@ def test_serve_answers_http_on_the_embedded_default():
                 break
             time.sleep(0.05)
         assert state["notes"] == [{"id": 1, "text": "milk", "done": False}]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):

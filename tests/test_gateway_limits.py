@@ -6,25 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
-from tests.apps.harness import free_port
+from tests.apps.harness import serving_embedded
 from wakeful import HandlerContext, Registry, Runtime, Settings
 from wakeful.gateway import create_app
 from wakeful.http_limits import allowed_hosts, host_name, server_config
 
-ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 30.0  # the longest any socket read waits: a hung server fails, a slow one passes
 
 
@@ -274,41 +269,12 @@ def test_the_default_host_names_follow_the_bound_address():
 
 
 def test_serve_checks_host_and_takes_its_limits_from_flags():
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wakeful.cli",
-            "serve",
-            "wakeful.entities:registry",
-            "--port",
-            str(port),
-            "--allowed-host",
-            "gw.example",
-            "--max-header-bytes",
-            "4096",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    flags = ("--allowed-host", "gw.example", "--max-header-bytes", "4096")
+    with serving_embedded(*flags) as (proc, base):
         assert proc.stdout is not None
         banner = proc.stdout.readline()  # printed once the runtime has started
         assert banner.startswith("serving"), banner
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):  # uvicorn binds just after the banner
-            try:
-                manifest = httpx.get(f"{base}/manifest", timeout=WAIT_S)
-                break
-            except httpx.ConnectError:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(0.05)
-                assert proc.poll() is None, "serve exited"
+        manifest = httpx.get(f"{base}/manifest", timeout=WAIT_S)
         assert manifest.status_code == 200
         named = httpx.get(f"{base}/manifest", headers={"host": "gw.example"}, timeout=WAIT_S)
         assert named.status_code == 200
@@ -316,6 +282,3 @@ def test_serve_checks_host_and_takes_its_limits_from_flags():
         assert foreign.status_code == 421
         big = httpx.get(f"{base}/manifest", headers={"x-big": "a" * 8000}, timeout=WAIT_S)
         assert big.status_code == 431
-    finally:
-        proc.terminate()
-        proc.wait(timeout=WAIT_S)

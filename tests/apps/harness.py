@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving_embedded(*flags: str, stdout: Any = subprocess.PIPE) -> Iterator[tuple[Any, str]]:
+    """``wakeful serve wakeful.entities:registry --port <free> *flags`` on the embedded
+    Redis (no WAKEFUL_REDIS_URL), its stderr into ``stdout``: yields the process and
+    its base URL once it answers HTTP, and stops it at the end."""
+    import httpx
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
+    command = ["wakeful.cli", "serve", "wakeful.entities:registry", "--port", str(port), *flags]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *command],
+        cwd=ROOT,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{base}/openapi.json", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "serve did not answer HTTP in 30 s"
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.05)  # returns at once if it exited
+                assert proc.poll() is None, "serve exited"
+        yield proc, base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 class PrivateRedis:
