@@ -149,6 +149,25 @@ def text(o: ToolOutcome) -> str:
     return " ".join(b.get("text", "") for b in o.content)
 
 
+def pending_c1(
+    approval: bool, executions: list[str], **registration: Any
+) -> tuple[dict[str, Registration], list[dict[str, Any]]]:
+    """The tools and the model's call for one pending action ``c1`` of tool ``t``: an
+    approval of the deleter (of ``/tmp/a``), or a client tool's output (``get_selected``)."""
+    if approval:
+        tool = Registration(deleter(executions), needs_approval=True, **registration)
+        return {"t": tool}, [use("c1", "t", {"path": "/tmp/a"})]
+    return {"t": Registration(get_selected, **registration)}, [use("c1", "t", {})]
+
+
+async def answer_c1(rt: Runtime, approve: bool, said: str) -> None:
+    """Answer the pending ``c1`` as U1: approve it, or submit ``{"text": said}``."""
+    if approve:
+        await rt.approve(URL, "c1", identity=U1)
+    else:
+        await rt.submit_tool_result(URL, "c1", {"text": said}, identity=U1)
+
+
 async def suspended(rt: Runtime, pending: int = 1) -> None:
     status = await rt.wait_idle(URL)
     assert status.status == "suspended"
@@ -454,12 +473,7 @@ async def test_a_skipped_call_gives_the_model_a_synthetic_output_observed_by_on_
     async def on_output(info: OutputInfo) -> None:
         observed.append(info)
 
-    if kind == "approval":
-        tools = {"t": Registration(deleter(executions), needs_approval=True, on_output=on_output)}
-        calls = [use("c1", "t", {"path": "/tmp/a"})]
-    else:
-        tools = {"t": Registration(get_selected, on_output=on_output)}
-        calls = [use("c1", "t", {})]
+    tools, calls = pending_c1(kind == "approval", executions, on_output=on_output)
     rt = await cluster.runtime(app(tools, calls, runs))
     await rt.send(URL, "go", identity=U1)
     await suspended(rt)
@@ -493,21 +507,13 @@ async def test_a_tool_disabled_while_pending_refuses_an_answer_and_stays_pending
     executions: list[str] = []
     runs: list[RunResult] = []
     is_on = lambda _info: enabled["on"]  # noqa: E731
-    if answer == "approve":
-        tools = {"t": Registration(deleter(executions), enabled=is_on, needs_approval=True)}
-        calls = [use("c1", "t", {"path": "/tmp/a"})]
-    else:
-        tools = {"t": Registration(get_selected, enabled=is_on)}
-        calls = [use("c1", "t", {})]
+    tools, calls = pending_c1(answer == "approve", executions, enabled=is_on)
     rt = await cluster.runtime(app(tools, calls, runs, register=True))
     await rt.send(URL, "go", identity=U1)
     await suspended(rt)
     enabled["on"] = False
     with pytest.raises(ToolDisabledError, match=r"'t'.*disabled.*stays pending"):
-        if answer == "submit":
-            await rt.submit_tool_result(URL, "c1", {"text": "x"}, identity=U1)
-        else:
-            await rt.approve(URL, "c1", identity=U1)
+        await answer_c1(rt, answer == "approve", "x")
     await suspended(rt)  # nothing was written: the action is still pending
     assert [a.tool_call_id for a in await rt.pending_actions(URL)] == ["c1"]
     assert not await of_type(rt, ActionSettled)
@@ -539,30 +545,19 @@ async def test_an_answer_the_run_finds_disabled_is_refused_and_the_action_reopen
     executions: list[str] = []
     runs: list[RunResult] = []
     is_on = lambda _info: enabled["on"]  # noqa: E731
-    if answer == "approve":
-        tools = {"t": Registration(deleter(executions), enabled=is_on, needs_approval=True)}
-        calls = [use("c1", "t", {"path": "/tmp/a"})]
-    else:
-        tools = {"t": Registration(get_selected, enabled=is_on)}
-        calls = [use("c1", "t", {})]
+    tools, calls = pending_c1(answer == "approve", executions, enabled=is_on)
     rt = await cluster.runtime(app(tools, calls, runs))
     await rt.send(URL, "go", identity=U1)
     await suspended(rt)
     enabled["on"] = False
-    if answer == "submit":
-        await rt.submit_tool_result(URL, "c1", {"text": "x"}, identity=U1)
-    else:
-        await rt.approve(URL, "c1", identity=U1)
+    await answer_c1(rt, answer == "approve", "x")
     await suspended(rt)
     [again] = await rt.pending_actions(URL)
     assert again.tool_call_id == "c1" and "disabled" in (again.refused or "")
     assert not await of_type(rt, ToolOutcome)
     # The tool is enabled again: the same action can now be answered, once.
     enabled["on"] = True
-    if answer == "submit":
-        await rt.submit_tool_result(URL, "c1", {"text": "now"}, identity=U1)
-    else:
-        await rt.approve(URL, "c1", identity=U1)
+    await answer_c1(rt, answer == "approve", "now")
     finished = await settled_run(rt)
     assert finished.status == "completed"
     assert not (await outcome(rt, "c1")).is_error
