@@ -103,10 +103,11 @@ def check_block(block: Any, where: str, *, deep: bool = True) -> dict[str, Any]:
     source = block.get("source")
     if not isinstance(source, dict):
         raise fail(f"a {kind} block needs a 'source' object")
-    if kind == "image":
-        checked = _image_source(source, deep, fail)
-    else:
-        checked = _document_source(source, deep, fail)
+    checked = _linked_source(source, fail)  # a url or a file: either kind takes them
+    if checked is None:
+        check_source = _image_source if kind == "image" else _document_source
+        checked = check_source(source, deep, fail)
+    if kind == "document":
         _document_fields(block, fail)
     return {**block, "source": checked}
 
@@ -114,9 +115,7 @@ def check_block(block: Any, where: str, *, deep: bool = True) -> dict[str, Any]:
 def _image_source(
     source: dict[str, Any], deep: bool, fail: Callable[[str], Exception]
 ) -> dict[str, Any]:
-    linked = _linked_source(source, fail)
-    if linked is not None:
-        return linked
+    """An image's source other than a url or a file."""
     kind = source.get("type")
     if kind != "base64":
         raise fail(f"an image source is 'base64', 'url' or 'file', got {kind!r}")
@@ -145,9 +144,7 @@ def _image_source(
 def _document_source(
     source: dict[str, Any], deep: bool, fail: Callable[[str], Exception]
 ) -> dict[str, Any]:
-    linked = _linked_source(source, fail)
-    if linked is not None:
-        return linked
+    """A document's source other than a url or a file."""
     kind = source.get("type")
     if kind == "content":
         return _content_source(source, deep, fail)
