@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from wakeful import AgentDef, HandlerContext, LogRecord, Registry, Runtime
+from wakeful import AgentDef, HandlerContext, LogRecord, Registry, Runtime, ToolContext, define_tool
 from wakeful.events import ToolOutcome
 from wakeful.models import ModelRequest, ModelResponse
 
@@ -25,6 +25,21 @@ class Upper(msgspec.Struct):
 
 class UserCtx(msgspec.Struct):
     user_id: str
+
+
+def upper_tool(
+    executions: list[str] | None = None, id: str = "acme.upper/v1", **options: Any
+) -> Any:
+    """A tool that uppercases ``Text``; ``executions`` collects the call ids it ran."""
+
+    async def execute(ctx: ToolContext[Text, None]) -> Upper:
+        if executions is not None:
+            executions.append(ctx.tool_call_id)
+        return Upper(ctx.input.text.upper())
+
+    return define_tool(
+        id=id, description="Uppercase a text.", input=Text, output=Upper, execute=execute, **options
+    )
 
 
 def use(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:

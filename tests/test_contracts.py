@@ -9,7 +9,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.agent_apps import URL, Text, Upper, UserCtx, app, outcomes, results_in, step, use
+from tests.agent_apps import (
+    URL,
+    Text,
+    Upper,
+    UserCtx,
+    app,
+    outcomes,
+    results_in,
+    step,
+    upper_tool,
+    use,
+)
 from wakeful import (
     AgentDef,
     Capability,
@@ -50,22 +61,6 @@ def tool_names(request: ModelRequest) -> list[str]:
 
 async def finished(rt: Runtime, url: str = URL) -> list[RunFinished]:
     return [r.event async for r in rt.events(url) if isinstance(r.event, RunFinished)]
-
-
-def upper_tool(executions: list[str] | None = None, **options: Any) -> Any:
-    async def execute(ctx: ToolContext[Text, None]) -> Upper:
-        if executions is not None:
-            executions.append(ctx.tool_call_id)
-        return Upper(ctx.input.text.upper())
-
-    return define_tool(
-        id="acme.upper/v1",
-        description="Uppercase a text.",
-        input=Text,
-        output=Upper,
-        execute=execute,
-        **options,
-    )
 
 
 async def runtime_with(cluster: Any, reg: Registry, capabilities: list[Any]) -> Runtime:

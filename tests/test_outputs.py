@@ -10,8 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_apps import URL, Text, Upper, app, outcomes, results_in, step, use
 from tests.gateway_apps import http_for
-from tests.test_contracts import Text, Upper, app, outcomes, results_in, step, upper_tool, use
+from tests.test_contracts import upper_tool
 from wakeful import (
     HandlerContext,
     HandlerFailed,
@@ -27,8 +28,6 @@ from wakeful import (
 from wakeful.contracts import OutputInfo, RuntimeErrorInfo, ToolOutcomeInfo
 
 pytestmark = pytest.mark.anyio
-
-URL = "/bot/b"
 
 
 async def test_an_async_on_output_is_awaited_before_the_model_sees_the_output(cluster):

@@ -11,8 +11,19 @@ from typing import Any, Protocol
 import msgspec
 import pytest
 
+from tests.agent_apps import (
+    URL,
+    Text,
+    Upper,
+    UserCtx,
+    app,
+    outcomes,
+    results_in,
+    step,
+    upper_tool,
+    use,
+)
 from tests.faults import crash_and_recover
-from tests.agent_apps import URL, Text, Upper, UserCtx, app, outcomes, results_in, step, use
 from wakeful import (
     AgentDef,
     AgentTool,
@@ -283,19 +294,6 @@ def test_no_raw_python_error_escapes_define_agent():
 
 
 # -- ids of persisted calls ------------------------------------------------------------
-
-
-def upper_tool(
-    executions: list[str] | None = None, id: str = "acme.upper/v1", **options: Any
-) -> Any:
-    async def execute(ctx: ToolContext[Text, None]) -> Upper:
-        if executions is not None:
-            executions.append(ctx.tool_call_id)
-        return Upper(ctx.input.text.upper())
-
-    return define_tool(
-        id=id, description="Uppercase a text.", input=Text, output=Upper, execute=execute, **options
-    )
 
 
 async def restart(cluster: Any, old: Runtime, reg: Registry, **overrides: Any) -> Runtime:
