@@ -45,6 +45,19 @@ def cli_env(prefix: str) -> dict[str, str]:
     return {**env, "WAKEFUL_PREFIX": prefix, "WAKEFUL_PARTITIONS": "4"}
 
 
+def worker_process(server_url: str, prefix: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """``wakeful worker tests.apps.quiet:registry`` on ``server_url``, its output (stdout
+    and stderr) written to ``log_path``."""
+    with open(log_path, "wb") as log_file:
+        return subprocess.Popen(
+            cli(server_url, prefix, "worker", "tests.apps.quiet:registry"),
+            cwd=ROOT,
+            env=cli_env(prefix),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def settings(server_url: str, prefix: str, **overrides: object) -> Settings:
     base: dict[str, object] = {
         "redis_url": server_url,
@@ -333,14 +346,7 @@ async def test_a_worker_started_while_redis_loads_waits_and_says_so(tmp_path, pr
 
         await until(lambda: asyncio.to_thread(loading), 10, "redis-server to be loading")
         log_path = tmp_path / "worker.log"
-        with open(log_path, "wb") as log_file:
-            worker = subprocess.Popen(
-                cli(url, prefix, "worker", "tests.apps.quiet:registry"),
-                cwd=ROOT,
-                env=cli_env(prefix),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+        worker = worker_process(url, prefix, log_path)
 
         async def said_loading() -> bool:
             if worker.poll() is not None:
@@ -367,14 +373,7 @@ async def test_a_worker_started_before_redis_answers_waits_and_says_so(tmp_path,
     url = f"redis://127.0.0.1:{port}/0"
     log_path = tmp_path / "worker.log"
     server = None
-    with open(log_path, "wb") as log_file:
-        worker = subprocess.Popen(
-            cli(url, prefix, "worker", "tests.apps.quiet:registry"),
-            cwd=ROOT,
-            env=cli_env(prefix),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+    worker = worker_process(url, prefix, log_path)
     try:
 
         async def said_unreachable() -> bool:
