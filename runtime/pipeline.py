@@ -345,11 +345,14 @@ class WakePipeline:
         awaited = state.system.awaited_children()
         if awaited != wake.meta.awaited_children:
             fields["waiting"] = awaited
+        # With an outbox the pointers are acknowledged by the delivery's mark, not here:
+        # no fresh pointer, and no wake that would only acknowledge it (see after_commit).
+        deferred = batch.outbox is not None
         ids = await commit(
             self.store,
             ticket,
             batch,
-            ack=True,
+            ack=not deferred,
             cursor=max_id([r.id for r in wake.inputs]),
             fields=fields,
             snapshot=snapshot,
@@ -365,8 +368,13 @@ class WakePipeline:
             self.cache.remember(ticket.url, state, wake.pos, ticket.created, since)
         else:
             self.cache.forget(ticket.url)
-        self._done(ticket)
-        await self.delivery.after_commit(ticket, batch, ids)
+        if not deferred:
+            self._done(ticket)
+        try:
+            await self.delivery.after_commit(ticket, batch, ids, ack=deferred)
+        finally:
+            if deferred:
+                self._done(ticket)
         if snapshot is not None:  # the log before it may go now (what no guarantee needs)
             await self.retention.after_snapshot(ticket)
 
