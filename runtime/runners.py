@@ -27,7 +27,7 @@ from .cache import WarmCache
 from .config import Settings
 from .errors import FencedError
 from .failures import RetryLater
-from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer
+from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer, Preloaded
 from .ticket import CancelSlot, WakeTicket
 
 log = logging.getLogger("wakeful.runners")
@@ -45,6 +45,8 @@ class Runner:
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
     task: asyncio.Task[None] | None = None
+    # what the inbox read brought with the pointer that started the runner: (its id, it)
+    preload: tuple[str, Preloaded] | None = None
 
 
 class Runners:
@@ -68,6 +70,9 @@ class Runners:
         self._crashed = crashed
         self._runners: dict[str, Runner] = {}
         self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
+        # Entities whose activation started or ended here since the inbox read in flight
+        # was sent: what that read brought along for them may predate their commits.
+        self._touched: set[str] = set()
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
         self.killed = False
@@ -147,6 +152,11 @@ class Runners:
     def backlog(self) -> int:
         return sum(len(t) for t in self._tracked.values())
 
+    def reading(self) -> None:
+        """An inbox read is sent now: what it brings along is fresh for every entity
+        no activation here touches until it returns (see :meth:`schedule`)."""
+        self._touched.clear()
+
     def schedule(self, pointer: Pointer) -> None:
         tracked = self._tracked.get(pointer.partition)
         if tracked is None or pointer.entry_id in tracked or self._group is None:
@@ -155,10 +165,16 @@ class Runners:
         runner = self._runners.get(pointer.url)
         if runner is None:
             runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
+            # The preload is as good as a load only if no activation of the entity ran
+            # here since the read was sent (its commits would be missing from it).
+            if pointer.preload is not None and pointer.url not in self._touched:
+                runner.preload = (pointer.entry_id, pointer.preload)
             self.idle.clear()
             runner.task = self._group.create_task(
                 self._run_entity(runner), name=f"wake {pointer.url}"
             )
+        else:  # a wake of it runs: the read may predate that wake's commit
+            runner.preload = None
         runner.pointer_ids.append(pointer.entry_id)
 
     def untrack(self, partition: int, pointer_ids: list[str]) -> None:
@@ -193,15 +209,27 @@ class Runners:
     async def _attempt(self, runner: Runner, pointer_ids: list[str]) -> None:
         """One activation of ``runner``'s entity; decides what happens to the pointers."""
         url = runner.url
+        preload, runner.preload = runner.preload, None
         try:
             async with self._slots:
                 token = self._token(runner.partition)
                 if token is None:
                     return
                 runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
-                ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
-                with metrics.wake(pointer_ids):
-                    await self._activate(ticket)
+                ticket = WakeTicket(
+                    url,
+                    runner.partition,
+                    token,
+                    pointer_ids,
+                    runner.cancels,
+                    preload=preload[1] if preload and pointer_ids == [preload[0]] else None,
+                )
+                self._touched.add(url)
+                try:
+                    with metrics.wake(pointer_ids):
+                        await self._activate(ticket)
+                finally:
+                    self._touched.add(url)
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)
