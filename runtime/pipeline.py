@@ -3,7 +3,8 @@
 :meth:`WakePipeline.activate` takes a :class:`WakeTicket` for one entity and:
 
 1. **loads** the entity (metadata, snapshot and log tail in one script call; the
-   warm cache spares the snapshot and the replay),
+   warm cache spares the snapshot and the replay, and what the inbox read brought
+   along with the pointer spares the call, when it covers it: ``_from_preload``),
 2. delivers an outbox a crash left undelivered,
 3. **rebuilds** the state (:func:`wakeful.fold.rebuild`) and collects the inputs
    after the cursor,
