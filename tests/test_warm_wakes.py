@@ -16,7 +16,11 @@ import msgspec
 import pytest
 
 from tests.faults import SimulatedCrash, lapse_soon
-from wakeful import Collection, HandlerContext, Message, Registry, Runtime
+from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
+from wakeful.cache import WarmCache
+from wakeful.runners import Runners
+from wakeful.store import Loaded, Pointer, Preloaded
+from wakeful.ticket import WakeTicket
 
 pytestmark = pytest.mark.anyio
 
@@ -279,3 +283,34 @@ async def test_a_zombie_with_a_warm_state_and_a_preload_writes_nothing(cluster):
     assert (await first.wait_idle(url, timeout=30)).status == "idle"
     assert await texts(first, url) == ["one", "two"]
     assert len([i for i, _ in await first.store.read_log(url)]) > len(log_ids)
+
+
+async def test_a_preload_read_while_the_entity_woke_here_is_not_used():
+    """What the inbox read brought is used only if no activation of the entity started
+    or ended in this worker while the read was in flight (its commits may be missing)."""
+    preload = Preloaded(Loaded({}, None, None, []), truncated=False)
+    seen: list[Preloaded | None] = []
+
+    async def activate(ticket: WakeTicket) -> None:
+        seen.append(ticket.preload)
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    stats = {"commits_fenced": 0}
+    cache = WarmCache(10, lambda url: None)
+    runners = Runners(Settings(), "w", cache, stats, lambda p: "token", activate, crashed)
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        runners.reading()  # a read is sent; nothing woke the entity since: fresh
+        runners.schedule(Pointer(0, "1-0", "/notes/x", preload))
+        await runners.idle.wait()
+        runners.reading()  # a read is sent, and the entity wakes meanwhile (a swept pointer)
+        runners.schedule(Pointer(0, "2-0", "/notes/x"))
+        await runners.idle.wait()
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload))  # the read returns: stale
+        await runners.idle.wait()
+        runners.close()
+    assert seen == [preload, None, None]
