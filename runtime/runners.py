@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,42 @@ log = logging.getLogger("wakeful.runners")
 
 STOP_WARNING_S = 5.0
 """How long a shutdown cancels runners before it names the ones that do not stop."""
+
+
+class Slots:
+    """At most ``n`` holders at once, first come first served, in O(1) per acquire and
+    release: a busy worker has hundreds of runners waiting for a slot, and on Python
+    3.11 ``asyncio.Semaphore`` scans its waiters at each release (it was among the top
+    entries of the profile of one-message wakes)."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def __aenter__(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted, then cancelled
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Hand the slot to the first waiter still waiting, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
 
 @dataclass
@@ -73,7 +110,7 @@ class Runners:
         # Entities whose activation started or ended here since the inbox read in flight
         # was sent: what that read brought along for them may predate their commits.
         self._touched: set[str] = set()
-        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._slots = Slots(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
         self.killed = False
         self.room = asyncio.Event()  # set when pointers are done with (the backlog shrank)

@@ -18,7 +18,7 @@ import pytest
 from tests.faults import SimulatedCrash, lapse_soon
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
-from wakeful.runners import Runners
+from wakeful.runners import Runners, Slots
 from wakeful.store import Loaded, Pointer, Preloaded
 from wakeful.ticket import WakeTicket
 
@@ -314,3 +314,32 @@ async def test_a_preload_read_while_the_entity_woke_here_is_not_used():
         await runners.idle.wait()
         runners.close()
     assert seen == [preload, None, None]
+
+
+async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
+    slots = Slots(2)
+    inside: list[int] = []
+    most = 0
+    order: list[int] = []
+    release = asyncio.Event()
+
+    async def wake(n: int) -> None:
+        nonlocal most
+        async with slots:
+            order.append(n)
+            inside.append(n)
+            most = max(most, len(inside))
+            await release.wait()
+            inside.remove(n)
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(wake(n)) for n in range(6)]
+        while len(order) < 2:
+            await asyncio.sleep(0)  # let the first two in (yield, no wall time)
+        tasks[2].cancel()  # a waiter given up: its place goes to the next
+        release.set()
+        await asyncio.gather(*tasks[3:])
+    assert most == 2
+    assert order == [0, 1, 3, 4, 5]
+    async with slots, slots:  # both slots are free again
+        pass
