@@ -82,8 +82,9 @@ class Runner:
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
     task: asyncio.Task[None] | None = None
-    # what the inbox read brought with the pointer that started the runner: (its id, it)
-    preload: tuple[str, Preloaded] | None = None
+    # what the inbox read brought with the pointer that started the runner: its id, it,
+    # and the lease token the read was made under
+    preload: tuple[str, Preloaded, str] | None = None
 
 
 class Runners:
@@ -110,6 +111,7 @@ class Runners:
         # Entities whose activation started or ended here since the inbox read in flight
         # was sent: what that read brought along for them may predate their commits.
         self._touched: set[str] = set()
+        self._read_tokens: dict[int, str | None] = {}  # the leases that read was made under
         self._slots = Slots(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
         self.killed = False
@@ -189,10 +191,12 @@ class Runners:
     def backlog(self) -> int:
         return sum(len(t) for t in self._tracked.values())
 
-    def reading(self) -> None:
-        """An inbox read is sent now: what it brings along is fresh for every entity
-        no activation here touches until it returns (see :meth:`schedule`)."""
+    def reading(self, partitions: list[int]) -> None:
+        """An inbox read of ``partitions`` is sent now: what it brings along is fresh for
+        every entity no activation here touches until it returns, while the lease it was
+        read under is held (see :meth:`schedule`)."""
         self._touched.clear()
+        self._read_tokens = {p: self._token(p) for p in partitions}
 
     def schedule(self, pointer: Pointer) -> None:
         tracked = self._tracked.get(pointer.partition)
@@ -203,9 +207,16 @@ class Runners:
         if runner is None:
             runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
             # The preload is as good as a load only if no activation of the entity ran
-            # here since the read was sent (its commits would be missing from it).
-            if pointer.preload is not None and pointer.url not in self._touched:
-                runner.preload = (pointer.entry_id, pointer.preload)
+            # here since the read was sent (its commits would be missing from it), and
+            # only under the lease it was read under (with a lease lost and taken again,
+            # another owner may have committed in between).
+            read_under = self._read_tokens.get(pointer.partition)
+            if (
+                pointer.preload is not None
+                and pointer.url not in self._touched
+                and read_under is not None
+            ):
+                runner.preload = (pointer.entry_id, pointer.preload, read_under)
             self.idle.clear()
             runner.task = self._group.create_task(
                 self._run_entity(runner), name=f"wake {pointer.url}"
@@ -259,7 +270,11 @@ class Runners:
                     token,
                     pointer_ids,
                     runner.cancels,
-                    preload=preload[1] if preload and pointer_ids == [preload[0]] else None,
+                    preload=(
+                        preload[1]
+                        if preload and pointer_ids == [preload[0]] and token == preload[2]
+                        else None
+                    ),
                 )
                 self._touched.add(url)
                 try:

@@ -285,9 +285,10 @@ async def test_a_zombie_with_a_warm_state_and_a_preload_writes_nothing(cluster):
     assert len([i for i, _ in await first.store.read_log(url)]) > len(log_ids)
 
 
-async def test_a_preload_read_while_the_entity_woke_here_is_not_used():
+async def test_a_preload_read_while_the_entity_woke_here_or_the_lease_moved_is_not_used():
     """What the inbox read brought is used only if no activation of the entity started
-    or ended in this worker while the read was in flight (its commits may be missing)."""
+    or ended in this worker while the read was in flight (its commits may be missing),
+    and under the lease it was read under (another owner may have committed)."""
     preload = Preloaded(Loaded({}, None, None, []), truncated=False)
     seen: list[Preloaded | None] = []
 
@@ -300,20 +301,25 @@ async def test_a_preload_read_while_the_entity_woke_here_is_not_used():
 
     stats = {"commits_fenced": 0}
     cache = WarmCache(10, lambda url: None)
-    runners = Runners(Settings(), "w", cache, stats, lambda p: "token", activate, crashed)
+    lease = ["t1"]
+    runners = Runners(Settings(), "w", cache, stats, lambda p: lease[0], activate, crashed)
     async with asyncio.TaskGroup() as group:
         runners.open(group)
         runners.adopt(0)
-        runners.reading()  # a read is sent; nothing woke the entity since: fresh
+        runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
         runners.schedule(Pointer(0, "1-0", "/notes/x", preload))
         await runners.idle.wait()
-        runners.reading()  # a read is sent, and the entity wakes meanwhile (a swept pointer)
+        runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
         runners.schedule(Pointer(0, "2-0", "/notes/x"))
         await runners.idle.wait()
         runners.schedule(Pointer(0, "3-0", "/notes/x", preload))  # the read returns: stale
         await runners.idle.wait()
+        runners.reading([0])  # a read is sent, and the lease is lost and taken again
+        lease[0] = "t2"
+        runners.schedule(Pointer(0, "4-0", "/notes/y", preload))
+        await runners.idle.wait()
         runners.close()
-    assert seen == [preload, None, None]
+    assert seen == [preload, None, None, None]
 
 
 async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
