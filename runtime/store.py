@@ -801,11 +801,31 @@ class Store(EntityReads, ScheduleStore):
         after the cursor (none for a pointer the script could not load)."""
         args = [GROUP, consumer, count, PRELOAD_PAGE, PRELOAD_BUDGET]
         replies = await asyncio.gather(
-            *(self._run(WAKES, [self.keys.inbox(p)], args) for p in partitions)
+            *(self._run(WAKES, [self.keys.inbox(p)], args) for p in partitions),
+            return_exceptions=True,
         )
         out: list[Pointer | BadItem] = []
+        failed: list[tuple[int, BaseException]] = []
         for partition, reply in zip(partitions, replies, strict=True):
-            out.extend(self._preloaded(partition, reply))
+            if isinstance(reply, BaseException):
+                failed.append((partition, reply))
+            else:
+                out.extend(self._preloaded(partition, reply))
+        # The partitions whose script failed delivered nothing; the others' pointers are
+        # delivered to this consumer now, so they are returned, never dropped for a
+        # neighbour's error (which would leave them to the pending sweep).
+        for partition, exc in failed:
+            if not isinstance(exc, Exception):
+                raise exc
+            if "NOGROUP" in str(exc):
+                await self.ensure_group(partition)
+            elif len(failed) == len(partitions):
+                raise exc
+            else:
+                self._read_failures.report(
+                    f"reading the inbox of partition {partition} failed ({exc}); "
+                    "the other partitions are read on"
+                )
         return out
 
     def _preloaded(self, partition: int, reply: list[Any]) -> list[Pointer | BadItem]:

@@ -18,6 +18,7 @@ import pytest
 from tests.faults import SimulatedCrash, lapse_soon
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
+from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
 from wakeful.store import Loaded, Pointer, Preloaded
 from wakeful.ticket import WakeTicket
@@ -349,3 +350,25 @@ async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_
     assert order == [0, 1, 3, 4, 5]
     async with slots, slots:  # both slots are free again
         pass
+
+
+async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(cluster):
+    """The WAKES scripts of one read run per partition: one that fails (its consumer
+    group is gone, as after a Redis restart without persistence) has delivered nothing,
+    but the others delivered their pointers to this worker, so they are returned."""
+    rt = await cluster.runtime(run_worker=False)
+    store = rt.store
+    assert store is not None
+    if store.router is not None:
+        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    keys = store.keys
+    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
+    first, second = sorted(urls)[:2]
+    for p in (first, second):
+        await store.ensure_group(p)
+        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    await store.redis.xgroup_destroy(keys.inbox(second), GROUP)
+    read = await store.read_wake_pointers([first, second], "me", 10, 0)
+    assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
+    again = await store.read_wake_pointers([first, second], "me", 10, 0)
+    assert [p.url for p in again if isinstance(p, Pointer)] == [urls[second]]
