@@ -747,10 +747,10 @@ def issue_targets(
 
 def print_targets(targets: list[Target]) -> None:
     print("issue 19 targets (ratios against the raw loop of the same run)")
-    print(f"  {'':<48}{'wakeful':>10}{'raw':>10}{'ratio':>8}  {'target':<12}")
+    print(f"  {'':<48}{'wakeful':>10}{'raw':>10}{'ratio':>10}  {'target':<12}")
     for t in targets:
         print(
-            f"  {t.label:<48}{t.wakeful:>10,.2f}{t.raw:>10,.2f}{t.ratio:>8.3f}  {t.bound:<12}"
+            f"  {t.label:<48}{t.wakeful:>10,.2f}{t.raw:>10,.2f}{t.ratio:>10.3f}  {t.bound:<12}"
             f"{'PASS' if t.met else 'MISS'}"
         )
 
