@@ -54,9 +54,20 @@ class Delivery:
         self._fault = fault
         self.stats = stats
 
-    async def after_commit(self, ticket: WakeTicket, batch: CommitBatch, ids: list[str]) -> None:
-        """Deliver the outbox a commit just wrote. If this fails, the wake pointer the
-        commit added makes the next activation (here or on another worker) retry."""
+    async def after_commit(
+        self, ticket: WakeTicket, batch: CommitBatch, ids: list[str], *, ack: bool = False
+    ) -> None:
+        """Deliver the outbox a commit just wrote. If this fails, the wake pointer makes
+        the next activation (here or on another worker) retry.
+
+        ``ack``: the commit left the ticket's pointers unacknowledged (a wake's final
+        commit with an outbox), and the mark acknowledges them. Acknowledged in the
+        commit, they would make the commit add a fresh pointer for the undelivered
+        outbox, and that pointer a wake that only acknowledges it. Until the mark the
+        wake's own pointer stays pending, so a crash before it leaves it to the next
+        owner's sweep, which delivers again as after any crash inside a wake. A
+        postponed delivery acknowledges them at once, and the commit's rule adds the
+        fresh pointer that retries it."""
         if batch.outbox is None:
             return
         url = ticket.url
@@ -66,9 +77,20 @@ class Delivery:
         try:
             failures = await self.deliver(url, batch.outbox.effects)
             self._fault("deliver:before-mark")
-            await self._mark(ticket, outbox_id, failures)
+            await self._mark(ticket, outbox_id, failures, ack=ack)
         except _POSTPONED as exc:
             log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)
+            if ack:
+                await self._ack_postponed(ticket)
+
+    async def _ack_postponed(self, ticket: WakeTicket) -> None:
+        """Acknowledge the wake's pointers after a postponed delivery: the commit adds a
+        fresh pointer for the undelivered outbox (fenced: a lost lease leaves the pointer
+        to the next owner's sweep)."""
+        try:
+            await commit(self.store, ticket, ack=True)
+        except _POSTPONED as exc:
+            log.warning("acknowledging the wake of %s postponed: %s", ticket.url, exc)
 
     async def pending(self, ticket: WakeTicket, out_done: str) -> None:
         """Deliver every outbox after ``out_done``, in order (after a crash or a fired timer)."""
@@ -90,11 +112,23 @@ class Delivery:
                     await self._mark(ticket, entry_id, failures)
 
     async def _mark(
-        self, ticket: WakeTicket, outbox_id: str, failures: list[DeliveryFailed]
+        self,
+        ticket: WakeTicket,
+        outbox_id: str,
+        failures: list[DeliveryFailed],
+        *,
+        ack: bool = False,
     ) -> None:
-        """Record the outbox as delivered; failed deliveries become inputs of the sender."""
+        """Record the outbox as delivered; failed deliveries become inputs of the sender.
+        With ``ack``, the wake's pointers are acknowledged in the same commit."""
         events = [(INPUT, encode_event(f, limit=RUNTIME_EVENT_MAX_BYTES)) for f in failures]
-        await commit(self.store, ticket, CommitBatch(events=events), fields={"out_done": outbox_id})
+        await commit(
+            self.store,
+            ticket,
+            CommitBatch(events=events),
+            ack=ack,
+            fields={"out_done": outbox_id},
+        )
 
     async def deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:
         """Deliver effects: targets concurrently, each target's effects in order."""

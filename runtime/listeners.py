@@ -92,6 +92,7 @@ class Listeners:
                 with anyio.move_on_after(1.0):
                     await self.runners.room.wait()
                 continue
+            self.runners.reading(partitions)
             try:
                 pointers = await self.store.read_wake_pointers(
                     partitions, self.worker_id, s.read_count, s.block_ms

@@ -157,6 +157,58 @@ end
 return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count), chunks}
 """
 
+# The wake pointers of a partition inbox, each with what the wake of its entity reads
+# first (the read and the load of a busy worker in one round trip; see
+# Store.read_inbox). XREADGROUP never blocks in a script; the caller blocks with a
+# plain XREADGROUP when this finds nothing. Per pointer: the entity's metadata and its
+# log after the cursor, at most `page` entries, until `budget` entries are read in all;
+# a pointer past the budget, without a url, or whose entity cannot be read (a cursor
+# that is no stream id, a key of another type) comes without them (loaded = 0) and
+# its wake loads as usual. The keys of the entity are its partition's: the inbox key
+# without ':inbox', then ':meta:' or ':log:' and the url (keys.py).
+# -> {{pointer id, pointer fields, loaded, meta_flat, entries}, ...}
+WAKES = """
+local inbox = KEYS[1]              -- the partition inbox (wake pointers)
+local group = ARGV[1]              -- the inbox consumer group
+local consumer = ARGV[2]           -- the reading worker
+local count = ARGV[3]              -- at most this many pointers
+local page = tonumber(ARGV[4])     -- at most this many log entries per pointer
+local budget = tonumber(ARGV[5])   -- at most this many log entries in all
+local tag = string.sub(inbox, 1, #inbox - 6)
+local read = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+  'STREAMS', inbox, '>')
+local out = {}
+if not read or #read == 0 then return out end
+-- {{inbox, entries}} (a fakeredis gives {inbox, entries})
+local entries = type(read[1]) == 'table' and read[1][2] or read[2]
+local function load(url)
+  local meta = tag .. ':meta:' .. url
+  local meta_flat = redis.pcall('HGETALL', meta)
+  if type(meta_flat) ~= 'table' or meta_flat.err then return nil end
+  local cursor = redis.pcall('HGET', meta, 'cursor')
+  if not cursor then cursor = '0-0' end
+  if type(cursor) ~= 'string' or not string.match(cursor, '^%d+%-%d+$') then return nil end
+  local tail = redis.pcall('XRANGE', tag .. ':log:' .. url, '(' .. cursor, '+', 'COUNT', page)
+  if type(tail) ~= 'table' or tail.err then return nil end
+  return meta_flat, tail
+end
+for _, entry in ipairs(entries) do
+  local fields, url = entry[2], nil
+  for f = 1, #fields, 2 do
+    if fields[f] == 'u' then url = fields[f + 1] end
+  end
+  local meta_flat, tail = nil, nil
+  if url and budget > 0 then meta_flat, tail = load(url) end
+  if meta_flat then
+    budget = budget - #tail
+    out[#out + 1] = {entry[1], fields, 1, meta_flat, tail}
+  else
+    out[#out + 1] = {entry[1], fields, 0, {}, {}}
+  end
+end
+return out
+"""
+
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
 # -> {'OK', ids...} | {'UNNOTIFIED', ids...} committed, its notice refused (see

@@ -3,7 +3,8 @@
 :meth:`WakePipeline.activate` takes a :class:`WakeTicket` for one entity and:
 
 1. **loads** the entity (metadata, snapshot and log tail in one script call; the
-   warm cache spares the snapshot and the replay),
+   warm cache spares the snapshot and the replay, and what the inbox read brought
+   along with the pointer spares the call, when it covers it: ``_from_preload``),
 2. delivers an outbox a crash left undelivered,
 3. **rebuilds** the state (:func:`wakeful.fold.rebuild`) and collects the inputs
    after the cursor,
@@ -47,7 +48,7 @@ from .run_owner import split_inputs
 from .scope import CURRENT_TOOL_CALL
 from .services import HandlerServices
 from .state import EntityState
-from .store import TRANSIENT_ERRORS, EntityMeta, Loaded, Store
+from .store import TRANSIENT_ERRORS, EntityMeta, Loaded, Preloaded, Store
 from .streamids import ZERO, id_gt, max_id
 from .ticket import WakeTicket, commit
 from .urls import parse_url
@@ -106,7 +107,7 @@ class WakePipeline:
 
     async def activate(self, ticket: WakeTicket) -> None:
         self.stats["activations"] += 1
-        loaded, cached = await self._load(ticket.url)
+        loaded, cached = await self._load(ticket)
         meta = loaded.info
         if meta is None:  # deleted entity: nothing to wake, just acknowledge the pointers
             await commit(self.store, ticket, ack=True)
@@ -146,10 +147,17 @@ class WakePipeline:
             with tracing.wake_span(ticket.url, wake.inputs, meta.attempts):
                 await self._run(wake)
 
-    async def _load(self, url: str) -> tuple[Loaded, Cached | None]:
-        """The entity's metadata and log after the warm state (all of it if not warm)."""
+    async def _load(self, ticket: WakeTicket) -> tuple[Loaded, Cached | None]:
+        """The entity's metadata and log after the warm state (all of it if not warm):
+        from what the inbox read brought along if that covers it, else one LOAD."""
+        url = ticket.url
         cached = self.cache.get(url)
-        loaded = await self.store.load(url, cached.pos if cached else None)
+        loaded = _from_preload(ticket.preload, cached) if ticket.preload else None
+        if loaded is not None:
+            self.stats["loads_skipped"] += 1
+            self._fault("wake:preloaded")
+        else:
+            loaded = await self.store.load(url, cached.pos if cached else None)
         if (
             cached is not None
             and loaded.info is not None
@@ -345,11 +353,14 @@ class WakePipeline:
         awaited = state.system.awaited_children()
         if awaited != wake.meta.awaited_children:
             fields["waiting"] = awaited
+        # With an outbox the pointers are acknowledged by the delivery's mark, not here:
+        # no fresh pointer, and no wake that would only acknowledge it (see after_commit).
+        deferred = batch.outbox is not None
         ids = await commit(
             self.store,
             ticket,
             batch,
-            ack=True,
+            ack=not deferred,
             cursor=max_id([r.id for r in wake.inputs]),
             fields=fields,
             snapshot=snapshot,
@@ -365,8 +376,13 @@ class WakePipeline:
             self.cache.remember(ticket.url, state, wake.pos, ticket.created, since)
         else:
             self.cache.forget(ticket.url)
-        self._done(ticket)
-        await self.delivery.after_commit(ticket, batch, ids)
+        if not deferred:
+            self._done(ticket)
+        try:
+            await self.delivery.after_commit(ticket, batch, ids, ack=deferred)
+        finally:
+            if deferred:
+                self._done(ticket)
         if snapshot is not None:  # the log before it may go now (what no guarantee needs)
             await self.retention.after_snapshot(ticket)
 
@@ -442,6 +458,29 @@ class _Flush:
         _note_applied(self._act.state, batch.events, ids)
         pipeline._fault("flush:after-commit")
         await pipeline.delivery.after_commit(ticket, batch, ids)
+
+
+def _from_preload(preload: Preloaded, cached: Cached | None) -> Loaded | None:
+    """What a LOAD would read, from the metadata and log tail the inbox read brought
+    along (the same atomic read, made a little earlier: see ``Runners.schedule``), or
+    None if they do not cover it. They hold the log after the cursor: a warm state
+    needs the log after its position, so the cursor must not be past it (another owner
+    handled inputs this worker never read); a cold one needs the whole log, so no
+    snapshot and no cursor yet (a new entity). A truncated tail is never enough."""
+    loaded = preload.loaded
+    meta = loaded.info
+    if meta is None:  # gone: a load would say so too
+        return loaded
+    if preload.truncated:
+        return None
+    if cached is None:
+        if meta.cursor != ZERO or "snap_upto" in loaded.meta:
+            return None
+        return loaded
+    if id_gt(meta.cursor, cached.pos):
+        return None
+    entries = [entry for entry in loaded.entries if id_gt(entry[0], cached.pos)]
+    return Loaded(loaded.meta, meta, None, entries)
 
 
 def _attempted_upto(partial: str, first_input: str) -> str | None:

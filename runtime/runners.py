@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,13 +28,49 @@ from .cache import WarmCache
 from .config import Settings
 from .errors import FencedError
 from .failures import RetryLater
-from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer
+from .store import TRANSIENT_ERRORS, EntityGoneError, Pointer, Preloaded
 from .ticket import CancelSlot, WakeTicket
 
 log = logging.getLogger("wakeful.runners")
 
 STOP_WARNING_S = 5.0
 """How long a shutdown cancels runners before it names the ones that do not stop."""
+
+
+class Slots:
+    """At most ``n`` holders at once, first come first served, in O(1) per acquire and
+    release: a busy worker has hundreds of runners waiting for a slot, and on Python
+    3.11 ``asyncio.Semaphore`` scans its waiters at each release (it was among the top
+    entries of the profile of one-message wakes)."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def __aenter__(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted, then cancelled
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Hand the slot to the first waiter still waiting, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
 
 @dataclass
@@ -45,6 +82,9 @@ class Runner:
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
     task: asyncio.Task[None] | None = None
+    # what the inbox read brought with the pointer that started the runner: its id, it,
+    # and the lease token the read was made under
+    preload: tuple[str, Preloaded, str] | None = None
 
 
 class Runners:
@@ -68,7 +108,11 @@ class Runners:
         self._crashed = crashed
         self._runners: dict[str, Runner] = {}
         self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
-        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        # Entities whose activation started or ended here since the inbox read in flight
+        # was sent: what that read brought along for them may predate their commits.
+        self._touched: set[str] = set()
+        self._read_tokens: dict[int, str | None] = {}  # the leases that read was made under
+        self._slots = Slots(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
         self.killed = False
         self.room = asyncio.Event()  # set when pointers are done with (the backlog shrank)
@@ -147,6 +191,13 @@ class Runners:
     def backlog(self) -> int:
         return sum(len(t) for t in self._tracked.values())
 
+    def reading(self, partitions: list[int]) -> None:
+        """An inbox read of ``partitions`` is sent now: what it brings along is fresh for
+        every entity no activation here touches until it returns, while the lease it was
+        read under is held (see :meth:`schedule`)."""
+        self._touched.clear()
+        self._read_tokens = {p: self._token(p) for p in partitions}
+
     def schedule(self, pointer: Pointer) -> None:
         tracked = self._tracked.get(pointer.partition)
         if tracked is None or pointer.entry_id in tracked or self._group is None:
@@ -155,10 +206,23 @@ class Runners:
         runner = self._runners.get(pointer.url)
         if runner is None:
             runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
+            # The preload is as good as a load only if no activation of the entity ran
+            # here since the read was sent (its commits would be missing from it), and
+            # only under the lease it was read under (with a lease lost and taken again,
+            # another owner may have committed in between).
+            read_under = self._read_tokens.get(pointer.partition)
+            if (
+                pointer.preload is not None
+                and pointer.url not in self._touched
+                and read_under is not None
+            ):
+                runner.preload = (pointer.entry_id, pointer.preload, read_under)
             self.idle.clear()
             runner.task = self._group.create_task(
                 self._run_entity(runner), name=f"wake {pointer.url}"
             )
+        else:  # a wake of it runs: the read may predate that wake's commit
+            runner.preload = None
         runner.pointer_ids.append(pointer.entry_id)
 
     def untrack(self, partition: int, pointer_ids: list[str]) -> None:
@@ -193,15 +257,31 @@ class Runners:
     async def _attempt(self, runner: Runner, pointer_ids: list[str]) -> None:
         """One activation of ``runner``'s entity; decides what happens to the pointers."""
         url = runner.url
+        preload, runner.preload = runner.preload, None
         try:
             async with self._slots:
                 token = self._token(runner.partition)
                 if token is None:
                     return
                 runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
-                ticket = WakeTicket(url, runner.partition, token, pointer_ids, runner.cancels)
-                with metrics.wake(pointer_ids):
-                    await self._activate(ticket)
+                ticket = WakeTicket(
+                    url,
+                    runner.partition,
+                    token,
+                    pointer_ids,
+                    runner.cancels,
+                    preload=(
+                        preload[1]
+                        if preload and pointer_ids == [preload[0]] and token == preload[2]
+                        else None
+                    ),
+                )
+                self._touched.add(url)
+                try:
+                    with metrics.wake(pointer_ids):
+                        await self._activate(ticket)
+                finally:
+                    self._touched.add(url)
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)

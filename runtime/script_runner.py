@@ -44,6 +44,7 @@ class Script:
 
 SEND = Script(lua.SEND, "SEND")
 LOAD = Script(lua.LOAD, "LOAD")
+WAKES = Script(lua.WAKES, "WAKES")
 COMMIT = Script(lua.COMMIT, "COMMIT")
 ACQUIRE = Script(lua.ACQUIRE, "ACQUIRE")
 RENEW = Script(lua.RENEW, "RENEW")
@@ -65,6 +66,7 @@ TRIM = Script(lua.TRIM, "TRIM")
 ALL_SCRIPTS = (
     SEND,
     LOAD,
+    WAKES,
     COMMIT,
     FIRE,
     DELETE,

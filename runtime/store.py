@@ -49,7 +49,7 @@ from .errors import (
     TargetMissingError,
 )
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
-from .replies import EntityMeta, Entry, as_str, stream_entries
+from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
 from .routing import Router
 from .schedule_store import ScheduleStore
 from .script_runner import (
@@ -69,6 +69,7 @@ from .script_runner import (
     SETTLE,
     TOOL_DATA,
     TRIM,
+    WAKES,
     Script,
 )
 
@@ -90,12 +91,14 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "TOOL_DATA",
     "TRANSIENT_ERRORS",
     "TRIM",
+    "WAKES",
     "BadItem",
     "EntityGoneError",
     "EntityMeta",
     "Entry",
     "Loaded",
     "Pointer",
+    "Preloaded",
     "Script",
     "SendResult",
     "Store",
@@ -150,13 +153,30 @@ class Trimmed:
     next_due_ms: int | None = None  # when the sweep looks again (None = not filed)
 
 
+# What the inbox read brings with each pointer (see Store.read_inbox): at most this many
+# log entries per entity, and this many in all.
+PRELOAD_PAGE, PRELOAD_BUDGET = 64, 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Preloaded:
+    """What the inbox read brought with a pointer, read in the same script: the
+    entity's metadata and its log after the cursor (complete unless ``truncated``),
+    as of that read. ``loaded`` has no snapshot."""
+
+    loaded: Loaded
+    truncated: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Pointer:
-    """A wake pointer read from a partition inbox."""
+    """A wake pointer read from a partition inbox (with ``preload`` if the read
+    brought the entity's metadata and log tail along)."""
 
     partition: int
     entry_id: str
     url: str
+    preload: Preloaded | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -748,8 +768,16 @@ class Store(EntityReads, ScheduleStore):
     async def read_inbox(
         self, partitions: list[int], consumer: str, count: int, block_ms: int
     ) -> list[Pointer | BadItem]:
+        """New wake pointers of ``partitions``, blocking up to ``block_ms`` for one.
+
+        On one Redis the pointers that are there already come with their entities'
+        metadata and log tails (the WAKES script: the read and the wakes' loads in one
+        round trip); only when there are none does it block, with a plain XREADGROUP."""
         if self.router is not None:
             return await self._read_inboxes_by_node(partitions, consumer, count, block_ms)
+        preloaded = await self._read_preloaded(partitions, consumer, count)
+        if preloaded:
+            return preloaded
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
@@ -764,6 +792,58 @@ class Store(EntityReads, ScheduleStore):
             for entry_id, fields in entries
             if fields
         ]
+
+    async def _read_preloaded(
+        self, partitions: list[int], consumer: str, count: int
+    ) -> list[Pointer | BadItem]:
+        """The WAKES script, one call per partition (a script touches one slot) in one
+        round trip: the pointers there are now, each with its entity's metadata and log
+        after the cursor (none for a pointer the script could not load)."""
+        args = [GROUP, consumer, count, PRELOAD_PAGE, PRELOAD_BUDGET]
+        replies = await asyncio.gather(
+            *(self._run(WAKES, [self.keys.inbox(p)], args) for p in partitions),
+            return_exceptions=True,
+        )
+        out: list[Pointer | BadItem] = []
+        failed: list[tuple[int, BaseException]] = []
+        for partition, reply in zip(partitions, replies, strict=True):
+            if isinstance(reply, BaseException):
+                failed.append((partition, reply))
+            else:
+                out.extend(self._preloaded(partition, reply))
+        # The partitions whose script failed delivered nothing; the others' pointers are
+        # delivered to this consumer now, so they are returned, never dropped for a
+        # neighbour's error (which would leave them to the pending sweep).
+        for partition, exc in failed:
+            if not isinstance(exc, Exception):
+                raise exc
+            if "NOGROUP" in str(exc):
+                await self.ensure_group(partition)
+            elif len(failed) == len(partitions):
+                raise exc
+            else:
+                self._read_failures.report(
+                    f"reading the inbox of partition {partition} failed ({exc}); "
+                    "the other partitions are read on"
+                )
+        return out
+
+    def _preloaded(self, partition: int, reply: list[Any]) -> list[Pointer | BadItem]:
+        out: list[Pointer | BadItem] = []
+        for entry_id, flat, loaded, meta_flat, raw in reply:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            if not fields:
+                continue
+            pointer = _pointer(self.keys, partition, entry_id, fields)
+            if isinstance(pointer, Pointer) and int(loaded):
+                meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+                entries = stream_entries(raw)
+                preload = Preloaded(
+                    Loaded(meta, parse_meta(meta), None, entries), len(entries) >= PRELOAD_PAGE
+                )
+                pointer = Pointer(pointer.partition, pointer.entry_id, pointer.url, preload)
+            out.append(pointer)
+        return out
 
     async def _read_inboxes_by_node(
         self, partitions: list[int], consumer: str, count: int, block_ms: int

@@ -18,7 +18,7 @@ from . import metrics
 from .activation import CommitBatch
 from .cancellation import CancelSignal
 from .state import SnapshotWrite
-from .store import Store
+from .store import Preloaded, Store
 
 _NOTHING = CommitBatch()
 
@@ -48,7 +48,8 @@ class WakeTicket:
     the worker stops). ``created`` is the entity's incarnation ("" when the entity is gone): a
     commit made for another incarnation is refused as gone. ``pointer_ids`` are
     the ids of the wake pointers (in the partition inbox) the activation
-    acknowledges once it commits.
+    acknowledges once it commits. ``preload`` is what the inbox read brought with the
+    pointer, when it is still as fresh as a load would be (see ``Runners.schedule``).
     """
 
     url: str
@@ -57,6 +58,7 @@ class WakeTicket:
     pointer_ids: list[str]
     cancels: CancelSlot
     created: str = ""
+    preload: Preloaded | None = None
 
     def of_incarnation(self, created: str) -> WakeTicket:
         """This ticket, once the load told which incarnation of the entity it wakes."""

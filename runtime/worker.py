@@ -74,6 +74,7 @@ class Worker:
             "handler_calls": 0,
             "commits_fenced": 0,
             "effects_delivered": 0,
+            "loads_skipped": 0,  # wakes that used what the inbox read brought along
         }
         self._stopping = asyncio.Event()
         self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises

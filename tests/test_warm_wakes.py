@@ -1,0 +1,374 @@
+"""The hot wake path: what a wake reads and writes beyond its handler.
+
+A wake that talks to another entity has its pointers acknowledged by the delivery,
+so its commit adds no pointer that would cost a wake of its own. Pointers read by
+the WAKES script come with their entities' metadata and log after the cursor, so a
+warm (or new) entity wakes without a load; a warm state that another owner moved
+past, a re-created entity, a crash after the skipped load and a fenced zombie are
+each handled as a load would be: nothing lost, nothing applied twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import pytest
+
+from tests.faults import SimulatedCrash, lapse_soon
+from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
+from wakeful.cache import WarmCache
+from wakeful.keys import GROUP
+from wakeful.runners import Runners, Slots
+from wakeful.store import Loaded, Pointer, Preloaded
+from wakeful.ticket import WakeTicket
+
+pytestmark = pytest.mark.anyio
+
+SENDER, TARGET = "/sender/s", "/target/t"
+
+
+def app(seen: list[object]) -> Registry:
+    reg = Registry()
+
+    @reg.entity("sender")
+    async def sender(ctx: HandlerContext) -> None:
+        for message in ctx.wake.messages:
+            await ctx.send(TARGET, message.payload)
+
+    @reg.entity("target")
+    async def target(ctx: HandlerContext) -> None:
+        seen.extend(m.payload for m in ctx.wake.messages)
+
+    return reg
+
+
+async def pointers_of(rt: Runtime, url: str) -> list[str]:
+    """The ids of the wake pointers to ``url`` left in its partition inbox."""
+    assert rt.store is not None
+    keys = rt.store.keys
+    entries = await rt.store.redis.xrange(keys.inbox(keys.partition(url)))
+    return [entry_id.decode() for entry_id, fields in entries if fields[b"u"].decode() == url]
+
+
+async def test_a_wake_that_sends_is_acknowledged_by_its_delivery_without_a_second_wake(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    assert rt.worker is not None and rt.store is not None
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER)).status == "idle"
+    assert (await rt.wait_idle(TARGET)).status == "idle"
+    assert seen == ["hello"]
+    # Once the sender is idle (its outbox delivered) nothing is left for it: no pointer
+    # pending, and no wake ran (or will run) only to acknowledge one.
+    assert await pointers_of(rt, SENDER) == []
+    assert b"woke" not in await rt.store.meta(SENDER)
+    assert rt.worker.stats["activations"] == 2  # the sender's wake and the target's
+
+
+async def test_messages_that_arrive_during_the_delivery_get_a_pointer_from_its_mark(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    for n in range(20):
+        await rt.send(SENDER, n)
+    assert (await rt.wait_idle(SENDER)).status == "idle"
+    assert (await rt.wait_idle(TARGET)).status == "idle"
+    assert sorted(seen) == list(range(20))  # type: ignore[type-var]
+    assert await pointers_of(rt, SENDER) == []
+
+
+# -- wakes that use what the inbox read brought along --------------------------------
+
+
+class Note(msgspec.Struct):
+    key: str
+    text: str
+
+
+def notes_app(gate: asyncio.Event | None = None) -> Registry:
+    """``notes`` keeps one row per message; ``gate`` entities wait for ``gate``."""
+    reg = Registry()
+
+    @reg.entity("notes", state={"notes": Collection(primary_key="key", row=Note)})
+    async def notes(ctx: HandlerContext) -> None:
+        for record in ctx.wake.events:
+            if isinstance(record.event, Message):
+                ctx.db.actions.notes_insert(row=Note(record.id, str(record.event.payload)))
+
+    @reg.entity("gate")
+    async def gate_handler(ctx: HandlerContext) -> None:
+        if gate is not None and ctx.entity_url == "/gate/g0":
+            await gate.wait()
+
+    return reg
+
+
+async def texts(rt: Runtime, url: str) -> list[str]:
+    return [n["text"] for n in (await rt.state(url))["notes"]]
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.02)  # polling a condition, not waiting a fixed time
+
+
+async def hold_the_reader(rt: Runtime, gate: asyncio.Event) -> None:
+    """Fill the worker's backlog (one slot, a wake that waits for ``gate``, three behind
+    it): its reader stops reading until the gate opens, so pointers made meanwhile are
+    read later, together, by the WAKES script (with their entities' data)."""
+    assert rt.worker is not None
+    for n in range(4):
+        await rt.send(f"/gate/g{n}", "hold")
+    await until(lambda: _true(rt.worker.runners.backlog() >= 4), 20, "a full backlog")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_pointers_read_with_their_entities_wake_without_a_load(cluster):
+    client = await cluster.runtime(notes_app(), run_worker=False)
+    urls = [f"/notes/n{i}" for i in range(30)]
+    for url in urls:  # new entities, before any worker runs: its first read takes them all
+        await client.send(url, f"hello {url}")
+        await client.send(url, "again")
+    rt = await cluster.runtime(notes_app())
+    assert rt.worker is not None
+    for url in urls:
+        assert (await rt.wait_idle(url)).status == "idle"
+        assert await texts(rt, url) == [f"hello {url}", "again"]
+    assert rt.worker.stats["loads_skipped"] == len(urls)
+    for url in urls:  # warm now: the next wakes read nothing but their pointers either
+        await client.send(url, "third")
+    for url in urls:
+        assert (await rt.wait_idle(url)).status == "idle"
+        assert await texts(rt, url) == [f"hello {url}", "again", "third"]
+
+
+async def test_a_warm_state_behind_another_owners_commits_is_reloaded(cluster):
+    """A worker keeps an entity warm when its partition moves away; the next owner
+    handles messages (moving the cursor past entries the warm state never read), and
+    deletes and re-creates another entity. When the partition comes back, what the
+    inbox read brings (the log after the cursor) lacks those entries, or is another
+    incarnation's: the wake must load after its own position, or start cold. (Every
+    commit writes a snapshot: a state folded wrong would be what the client reads.)"""
+    moving = {"lease_ttl_ms": 3000, "heartbeat_interval_ms": 333, "snapshot_every": 1}
+    first = await cluster.runtime(notes_app(), **moving)
+    assert first.worker is not None and first.store is not None
+    keys = first.store.keys
+    urls = {
+        p: [f"/notes/w{p}-{i}" for i in range(1000) if keys.partition(f"/notes/w{p}-{i}") == p][:2]
+        for p in range(keys.partitions)
+    }
+    for pair in urls.values():  # warm in the first worker, in every partition
+        for url in pair:
+            await first.send(url, "a")
+            assert (await first.wait_idle(url)).status == "idle"
+    second = await cluster.runtime(notes_app(), **moving)
+    assert second.worker is not None
+    await until(lambda: _moved(first, second), 20, "a partition to move to the second worker")
+    p = next(iter(second.worker.leases))
+    url, again = urls[p]
+    for text in ("b1", "b2"):  # two wakes: the first one's writes are behind the cursor
+        await second.send(url, text)
+        assert (await second.wait_idle(url)).status == "idle"
+    await second.delete(again)
+    await until(lambda: _gone(second, again), 20, "the delete")
+    await second.send(again, "new")
+    assert (await second.wait_idle(again)).status == "idle"
+    second.worker.listeners.stop_reading()
+    await second.worker.listeners.reading_done.wait()
+    await second.send(url, "c")  # their pointers wait for the first worker's next read
+    await second.send(again, "newer")
+    await second.close()
+    cluster.runtimes.remove(second)
+    assert (await first.wait_idle(url, timeout=20)).status == "idle"
+    assert (await first.wait_idle(again, timeout=20)).status == "idle"
+    assert await texts(first, url) == ["a", "b1", "b2", "c"]
+    assert await texts(first, again) == ["new", "newer"]
+
+
+async def _moved(first: Runtime, second: Runtime) -> bool:
+    assert first.worker is not None and second.worker is not None
+    mine = set(second.worker.leases)
+    return bool(mine) and not mine & set(first.worker.leases)
+
+
+async def test_a_warm_entity_deleted_and_re_created_starts_from_its_new_incarnation(cluster):
+    gate = asyncio.Event()
+    rt = await cluster.runtime(notes_app(gate), max_concurrency=1)
+    assert rt.worker is not None
+    url = "/notes/d"
+    await rt.send(url, "old")
+    assert (await rt.wait_idle(url)).status == "idle"  # warm now
+    await rt.delete(url)
+    await until(lambda: _true(not rt.worker.runners.running(url)), 20, "the delete")
+    await until(lambda: _gone(rt, url), 20, "the delete")
+    await hold_the_reader(rt, gate)
+    await rt.send(url, "new")  # a new incarnation, read with its pointer
+    skipped = rt.worker.stats["loads_skipped"]
+    gate.set()
+    assert (await rt.wait_idle(url)).status == "idle"
+    assert rt.worker.stats["loads_skipped"] > skipped
+    assert await texts(rt, url) == ["new"]
+
+
+async def _gone(rt: Runtime, url: str) -> bool:
+    assert rt.store is not None
+    return not await rt.store.meta(url)
+
+
+@pytest.mark.parametrize("point", ["wake:preloaded", "wake:before-commit"])
+async def test_a_crash_after_a_skipped_load_loses_nothing_and_applies_nothing_twice(cluster, point):
+    gate = asyncio.Event()
+    first = await cluster.runtime(notes_app(gate), max_concurrency=1)
+    assert first.worker is not None
+    url = "/notes/c"
+    await first.send(url, "one")
+    assert (await first.wait_idle(url)).status == "idle"  # warm
+    crashed = asyncio.Event()
+
+    def hook(name: str) -> None:
+        running = first.worker is not None and first.worker.runners.running(url)
+        if name == point and running and not crashed.is_set():
+            crashed.set()
+            first.worker.kill()
+            raise SimulatedCrash(name)
+
+    await hold_the_reader(first, gate)
+    await first.send(url, "two")
+    await first.send(url, "three")
+    first.worker.fault_hook = hook
+    gate.set()
+    await asyncio.wait_for(crashed.wait(), 15)
+    assert first.worker.stats["loads_skipped"] >= 1
+    await lapse_soon(first)
+    await first.close()
+    cluster.runtimes.remove(first)
+    second = await cluster.runtime(notes_app())
+    assert (await second.wait_idle(url, timeout=30)).status == "idle"
+    assert await texts(second, url) == ["one", "two", "three"]
+
+
+async def test_a_zombie_with_a_warm_state_and_a_preload_writes_nothing(cluster):
+    """A worker whose lease was taken over keeps its warm state and what its read
+    brought; its commit is fenced (the lease token), and the new owner handles the
+    message once."""
+    gate = asyncio.Event()
+    first = await cluster.runtime(notes_app(gate), max_concurrency=1)
+    assert first.worker is not None and first.store is not None
+    url = "/notes/z"
+    await first.send(url, "one")
+    assert (await first.wait_idle(url)).status == "idle"  # warm
+    keys = first.store.keys
+    p = keys.partition(url)
+    taken = asyncio.Event()
+
+    def hook(name: str) -> None:
+        if name == "wake:before-commit" and first.worker.runners.running(url):
+            taken.set()
+
+    await hold_the_reader(first, gate)
+    await first.send(url, "two")
+    first.worker.fault_hook = hook
+    # Another owner's token: the first worker's commit must be refused.
+    await first.store.redis.set(keys.lease(p), "someone-else:1")
+    gate.set()
+    await asyncio.wait_for(taken.wait(), 15)
+    assert first.worker.stats["loads_skipped"] >= 1  # its wake read nothing but the pointer
+    await until(lambda: _true(first.worker.stats["commits_fenced"] >= 1), 20, "the fence")
+    log_ids = [i for i, _ in await first.store.read_log(url)]
+    await first.store.redis.delete(keys.lease(p))
+    first.worker.fault_hook = None
+    assert (await first.wait_idle(url, timeout=30)).status == "idle"
+    assert await texts(first, url) == ["one", "two"]
+    assert len([i for i, _ in await first.store.read_log(url)]) > len(log_ids)
+
+
+async def test_a_preload_read_while_the_entity_woke_here_or_the_lease_moved_is_not_used():
+    """What the inbox read brought is used only if no activation of the entity started
+    or ended in this worker while the read was in flight (its commits may be missing),
+    and under the lease it was read under (another owner may have committed)."""
+    preload = Preloaded(Loaded({}, None, None, []), truncated=False)
+    seen: list[Preloaded | None] = []
+
+    async def activate(ticket: WakeTicket) -> None:
+        seen.append(ticket.preload)
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    stats = {"commits_fenced": 0}
+    cache = WarmCache(10, lambda url: None)
+    lease = ["t1"]
+    runners = Runners(Settings(), "w", cache, stats, lambda p: lease[0], activate, crashed)
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
+        runners.schedule(Pointer(0, "1-0", "/notes/x", preload))
+        await runners.idle.wait()
+        runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
+        runners.schedule(Pointer(0, "2-0", "/notes/x"))
+        await runners.idle.wait()
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload))  # the read returns: stale
+        await runners.idle.wait()
+        runners.reading([0])  # a read is sent, and the lease is lost and taken again
+        lease[0] = "t2"
+        runners.schedule(Pointer(0, "4-0", "/notes/y", preload))
+        await runners.idle.wait()
+        runners.close()
+    assert seen == [preload, None, None, None]
+
+
+async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
+    slots = Slots(2)
+    inside: list[int] = []
+    most = 0
+    order: list[int] = []
+    release = asyncio.Event()
+
+    async def wake(n: int) -> None:
+        nonlocal most
+        async with slots:
+            order.append(n)
+            inside.append(n)
+            most = max(most, len(inside))
+            await release.wait()
+            inside.remove(n)
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(wake(n)) for n in range(6)]
+        while len(order) < 2:
+            await asyncio.sleep(0)  # let the first two in (yield, no wall time)
+        tasks[2].cancel()  # a waiter given up: its place goes to the next
+        release.set()
+        await asyncio.gather(*tasks[3:])
+    assert most == 2
+    assert order == [0, 1, 3, 4, 5]
+    async with slots, slots:  # both slots are free again
+        pass
+
+
+async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(cluster):
+    """The WAKES scripts of one read run per partition: one that fails (its consumer
+    group is gone, as after a Redis restart without persistence) has delivered nothing,
+    but the others delivered their pointers to this worker, so they are returned."""
+    rt = await cluster.runtime(run_worker=False)
+    store = rt.store
+    assert store is not None
+    if store.router is not None:
+        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    keys = store.keys
+    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
+    first, second = sorted(urls)[:2]
+    for p in (first, second):
+        await store.ensure_group(p)
+        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    await store.redis.xgroup_destroy(keys.inbox(second), GROUP)
+    read = await store.read_wake_pointers([first, second], "me", 10, 0)
+    assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
+    again = await store.read_wake_pointers([first, second], "me", 10, 0)
+    assert [p.url for p in again if isinstance(p, Pointer)] == [urls[second]]
