@@ -259,7 +259,7 @@ class Agent(ToolCalls):
     @tracing.agent_run
     async def run(self) -> RunResult:
         await self._take_conversation_requests()
-        run_id = await self._take_inputs()
+        run_id = self._take_inputs()
         if run_id is None:
             return RunResult(run_id=None, status="idle")
         clash = self._offer_client_tools(run_id)
@@ -276,7 +276,7 @@ class Agent(ToolCalls):
             await self._report_bug(run_id, bug)
             return await self._finish(run_id, "failed", error=bug.public)
 
-    async def _take_inputs(self) -> str | None:
+    def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
         act = self.wake.activation
         fresh = [r for r in self.wake.inputs if render_input(r)]
@@ -286,7 +286,10 @@ class Agent(ToolCalls):
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
             messages = [r.event for r in fresh if isinstance(r.event, Message)]
-            await self._journal(
+            # Recorded, not committed: the turn is committed with the run's first commit
+            # (its first step's, or the wake's). A crash before it leaves the inputs
+            # unhandled, so the next attempt takes them again.
+            act.record(
                 UserTurn(
                     run_id=run_id,
                     content=content,
@@ -342,8 +345,10 @@ class Agent(ToolCalls):
                     run_id, "refused" if refused else "failed", error=decision.error
                 )
             if decision is not None and decision.kind == "correct" and self.output is not None:
-                # The turn ended in text: ask for the answer through the tool.
-                await self._journal(
+                # The turn ended in text: ask for the answer through the tool. Recorded,
+                # not committed: it goes with the next step's commit (a crash before that
+                # asks the model again for the step that ended in text).
+                self.wake.activation.record(
                     UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
                 )
                 continue
