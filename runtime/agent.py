@@ -330,9 +330,9 @@ class Agent(ToolCalls):
         while True:
             self._check_signal()
             history = self._run_history(run_id)
-            steps, usage = self._progress(run_id)
+            steps, usage = self._progress(run_id, history)
             last = steps[-1] if steps else None
-            if last is not None and not self._settled(last, run_id):
+            if last is not None and not _settled(last, history):
                 await self._run_tools(run_id, last, history)
                 continue
             decision = self.output.decide(history) if self.output is not None else None
@@ -436,10 +436,6 @@ class Agent(ToolCalls):
         )
         await self._journal(wait)
         return None
-
-    def _settled(self, step: AssistantStep, run_id: str) -> bool:
-        done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
-        return all(b["id"] in done for b in tool_uses(step.content))
 
     @tracing.model_step
     @metrics.model_step
@@ -576,9 +572,13 @@ class Agent(ToolCalls):
             except ConversationError as exc:
                 self.wake.log.warning("%s of the conversation failed: %s", event.action, exc)
 
-    def _progress(self, run_id: str) -> tuple[list[AssistantStep], Usage]:
-        """The run's model steps so far and their summed usage."""
-        steps = [e for e in self._run_history(run_id) if isinstance(e, AssistantStep)]
+    def _progress(
+        self, run_id: str, history: list[Any] | None = None
+    ) -> tuple[list[AssistantStep], Usage]:
+        """The run's model steps so far and their summed usage (``history``: the run's
+        events, if the caller has them)."""
+        events = self._run_history(run_id) if history is None else history
+        steps = [e for e in events if isinstance(e, AssistantStep)]
         return steps, sum((Usage(**s.usage) for s in steps), Usage())
 
     async def _finish(
@@ -598,7 +598,7 @@ class Agent(ToolCalls):
             # No answer to close the turn: a note does, so the next message is its own turn.
             note = RunFailedNote(run_id=run_id, error=error or "", withdrawn=withdrawn)
             self.wake.activation.record(note)
-        journaled, usage = self._progress(run_id)
+        journaled, usage = self._progress(run_id, self._run_history(run_id))
         last = journaled[-1] if journaled else None
         steps = len(journaled)
         response = None
@@ -657,6 +657,15 @@ class Agent(ToolCalls):
     def _check_signal(self) -> None:
         if self.wake.signal.cancelled or self.wake.signal.lease_lapsed():
             raise StopRun
+
+
+def _settled(step: AssistantStep, history: list[Any]) -> bool:
+    """Whether every call of ``step`` has a result in ``history`` (its run's events)."""
+    calls = tool_uses(step.content)
+    if not calls:
+        return True
+    done = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
+    return all(b["id"] in done for b in calls)
 
 
 def schema_difference(one: AgentTool, other: AgentTool) -> str | None:
