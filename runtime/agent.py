@@ -4,14 +4,15 @@ A run alternates model steps and tool calls until the model ends its turn.
 Everything is journaled in the entity log and committed as it happens:
 
 1. new inputs of the wake (messages, children's results, ...) become a
-   ``user_turn``;
+   ``user_turn``, committed with the run's first commit;
 2. each model response is an ``assistant_step``, committed with its tool calls'
    ``tool_intent`` (one commit) before any of them runs;
 3. each call's ``tool_result`` is committed after ``execute``;
 4. the run's end (with the last step) is committed with the wake's own commit.
 
 So a step costs at most two commits (its step with the intents, and its results);
-a crash after the model answered but before the step's commit asks the model again.
+a crash before the run's first commit takes its inputs again, and a crash after the
+model answered but before the step's commit asks the model again for that step.
 
 If the worker dies, the next one replays the handler and ``run()`` resumes from
 the journal: journaled steps are not sent to the model again, settled calls
