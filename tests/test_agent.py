@@ -332,6 +332,23 @@ async def test_an_in_doubt_call_of_a_tool_that_must_not_rerun_is_reported_interr
 # --- cancellation ---------------------------------------------------------------------
 
 
+def test_the_signal_calls_back_once_when_it_fires_and_at_once_after():
+    """The loop races the model call and the tools against the signal with a callback
+    (``CancelSignal.on_cancel``), so no task waits on the signal."""
+    from wakeful.cancellation import CancelSignal
+
+    signal = CancelSignal()
+    fired: list[str] = []
+    signal.on_cancel(lambda: fired.append("kept"))
+    remove = signal.on_cancel(lambda: fired.append("removed"))
+    remove()
+    signal.cancel("stop")
+    signal.cancel("again")
+    assert fired == ["kept"]
+    signal.on_cancel(lambda: fired.append("late"))  # already fired: called at once
+    assert fired == ["kept", "late"]
+
+
 class HangingModel:
     """Streams some text, then waits until cancelled."""
 
