@@ -4,14 +4,15 @@ A run alternates model steps and tool calls until the model ends its turn.
 Everything is journaled in the entity log and committed as it happens:
 
 1. new inputs of the wake (messages, children's results, ...) become a
-   ``user_turn``;
+   ``user_turn``, committed with the run's first commit;
 2. each model response is an ``assistant_step``, committed with its tool calls'
    ``tool_intent`` (one commit) before any of them runs;
 3. each call's ``tool_result`` is committed after ``execute``;
 4. the run's end (with the last step) is committed with the wake's own commit.
 
 So a step costs at most two commits (its step with the intents, and its results);
-a crash after the model answered but before the step's commit asks the model again.
+a crash before the run's first commit takes its inputs again, and a crash after the
+model answered but before the step's commit asks the model again for that step.
 
 If the worker dies, the next one replays the handler and ``run()`` resumes from
 the journal: journaled steps are not sent to the model again, settled calls
@@ -259,7 +260,7 @@ class Agent(ToolCalls):
     @tracing.agent_run
     async def run(self) -> RunResult:
         await self._take_conversation_requests()
-        run_id = await self._take_inputs()
+        run_id = self._take_inputs()
         if run_id is None:
             return RunResult(run_id=None, status="idle")
         clash = self._offer_client_tools(run_id)
@@ -276,7 +277,7 @@ class Agent(ToolCalls):
             await self._report_bug(run_id, bug)
             return await self._finish(run_id, "failed", error=bug.public)
 
-    async def _take_inputs(self) -> str | None:
+    def _take_inputs(self) -> str | None:
         """Journal the wake's new inputs as a user turn; return the open run, if any."""
         act = self.wake.activation
         fresh = [r for r in self.wake.inputs if render_input(r)]
@@ -286,7 +287,10 @@ class Agent(ToolCalls):
             run_id = act.record_run()
             content = [block for record in fresh for block in render_input(record)]
             messages = [r.event for r in fresh if isinstance(r.event, Message)]
-            await self._journal(
+            # Recorded, not committed: the turn is committed with the run's first commit
+            # (its first step's, or the wake's). A crash before it leaves the inputs
+            # unhandled, so the next attempt takes them again.
+            act.record(
                 UserTurn(
                     run_id=run_id,
                     content=content,
@@ -327,9 +331,9 @@ class Agent(ToolCalls):
         while True:
             self._check_signal()
             history = self._run_history(run_id)
-            steps, usage = self._progress(run_id)
+            steps, usage = self._progress(run_id, history)
             last = steps[-1] if steps else None
-            if last is not None and not self._settled(last, run_id):
+            if last is not None and not _settled(last, history):
                 await self._run_tools(run_id, last, history)
                 continue
             decision = self.output.decide(history) if self.output is not None else None
@@ -342,8 +346,10 @@ class Agent(ToolCalls):
                     run_id, "refused" if refused else "failed", error=decision.error
                 )
             if decision is not None and decision.kind == "correct" and self.output is not None:
-                # The turn ended in text: ask for the answer through the tool.
-                await self._journal(
+                # The turn ended in text: ask for the answer through the tool. Recorded,
+                # not committed: it goes with the next step's commit (a crash before that
+                # asks the model again for the step that ended in text).
+                self.wake.activation.record(
                     UserTurn(run_id=run_id, content=self.output.nudge(decision.error))
                 )
                 continue
@@ -431,10 +437,6 @@ class Agent(ToolCalls):
         )
         await self._journal(wait)
         return None
-
-    def _settled(self, step: AssistantStep, run_id: str) -> bool:
-        done = {e.tool_call_id for e in self._run_history(run_id) if isinstance(e, ToolOutcome)}
-        return all(b["id"] in done for b in tool_uses(step.content))
 
     @tracing.model_step
     @metrics.model_step
@@ -571,9 +573,13 @@ class Agent(ToolCalls):
             except ConversationError as exc:
                 self.wake.log.warning("%s of the conversation failed: %s", event.action, exc)
 
-    def _progress(self, run_id: str) -> tuple[list[AssistantStep], Usage]:
-        """The run's model steps so far and their summed usage."""
-        steps = [e for e in self._run_history(run_id) if isinstance(e, AssistantStep)]
+    def _progress(
+        self, run_id: str, history: list[Any] | None = None
+    ) -> tuple[list[AssistantStep], Usage]:
+        """The run's model steps so far and their summed usage (``history``: the run's
+        events, if the caller has them)."""
+        events = self._run_history(run_id) if history is None else history
+        steps = [e for e in events if isinstance(e, AssistantStep)]
         return steps, sum((Usage(**s.usage) for s in steps), Usage())
 
     async def _finish(
@@ -593,7 +599,7 @@ class Agent(ToolCalls):
             # No answer to close the turn: a note does, so the next message is its own turn.
             note = RunFailedNote(run_id=run_id, error=error or "", withdrawn=withdrawn)
             self.wake.activation.record(note)
-        journaled, usage = self._progress(run_id)
+        journaled, usage = self._progress(run_id, self._run_history(run_id))
         last = journaled[-1] if journaled else None
         steps = len(journaled)
         response = None
@@ -652,6 +658,15 @@ class Agent(ToolCalls):
     def _check_signal(self) -> None:
         if self.wake.signal.cancelled or self.wake.signal.lease_lapsed():
             raise StopRun
+
+
+def _settled(step: AssistantStep, history: list[Any]) -> bool:
+    """Whether every call of ``step`` has a result in ``history`` (its run's events)."""
+    calls = tool_uses(step.content)
+    if not calls:
+        return True
+    done = {e.tool_call_id for e in history if isinstance(e, ToolOutcome)}
+    return all(b["id"] in done for b in calls)
 
 
 def schema_difference(one: AgentTool, other: AgentTool) -> str | None:

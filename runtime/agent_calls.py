@@ -47,7 +47,7 @@ from .live import LivePublisher
 from .scope import CURRENT_TOOL_CALL
 from .state import SystemState
 from .stop_reasons import TRUNCATED
-from .tasks import all_of, first_of
+from .tasks import all_of
 
 _DETAIL_LIMIT = 64 * 1024  # characters of a bug's full error kept in its runtime_error event
 
@@ -125,9 +125,32 @@ class ToolCalls:
             raise WakeInterrupted(signal.reason or "the lease lapsed")
 
     async def _race(self, work: Awaitable[Any]) -> Any:
-        """Await ``work`` unless the signal fires first (then cancel it and stop)."""
-        finished, result = await first_of(work, self.wake.signal.wait())
-        if not finished:
+        """Await ``work`` unless the signal fires first (then cancel it and stop).
+
+        The work runs in a task of its own, which the signal cancels when it fires (a
+        callback: a race costs one task, not a second one waiting on the signal). The
+        cancel comes after the wake-ups the signal caused, so a tool waiting on the
+        signal sees it first. The work is awaited to its end either way; once stopped,
+        whatever it then did (a late result or failure) gives way to the stop."""
+        task = asyncio.ensure_future(work)
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            task.get_loop().call_soon(task.cancel)
+
+        remove = self.wake.signal.on_cancel(stop)
+        try:
+            result = await task
+        except BaseException:
+            current = asyncio.current_task()
+            if stopped and (current is None or not current.cancelling()):
+                raise StopRun from None
+            raise  # a failure of the work, or this wake itself was cancelled
+        finally:
+            remove()
+        if stopped:
             raise StopRun
         return result
 

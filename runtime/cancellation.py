@@ -32,6 +32,7 @@ class CancelSignal:
         self.reason: str | None = None
         self.kind: StopKind | None = None
         self._lease_valid = lease_valid
+        self._callbacks: list[Callable[[], None]] = []
 
     @property
     def cancelled(self) -> bool:
@@ -42,6 +43,23 @@ class CancelSignal:
             self.reason = reason
             self.kind = kind
             self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the signal fires (at once if it has); return what
+        removes it. A race against the signal so needs no task waiting on it."""
+        if self._event.is_set():
+            callback()
+            return _nothing
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return remove
 
     def lease_lapsed(self) -> bool:
         """Whether the lease the wake runs under lapsed (judged now, by its deadline);
@@ -54,3 +72,7 @@ class CancelSignal:
     async def wait(self) -> str | None:
         await self._event.wait()
         return self.reason
+
+
+def _nothing() -> None:
+    return None

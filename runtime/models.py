@@ -553,7 +553,9 @@ def resolve_model(model: str | Model) -> Model:
             f"unknown model {model!r}: expected a Claude model name starting with 'claude-' "
             f"(e.g. {DEFAULT_MODEL!r}) or a Model instance such as ScriptedModel"
         )
-    if isinstance(model, Model):
+    # What isinstance(model, Model) checks, without the protocol's slow generic check
+    # (it is made for every agent of every wake).
+    if hasattr(model, "name") and callable(getattr(model, "complete", None)):
         return model
     raise ModelConfigError(
         f"model {model!r} is neither a model name nor a Model "

@@ -19,12 +19,14 @@ from wakeful import (
     HandlerContext,
     LiveRecord,
     LogRecord,
+    Message,
     ModelError,
     Registry,
     RunFinished,
     ScriptedModel,
     ToolOutcome,
     ToolResult,
+    UserTurn,
 )
 from wakeful.errors import RunFailedError
 from wakeful.events import HandlerFailed
@@ -214,9 +216,9 @@ async def run_with_crash(cluster, reg: Registry, url: str, point: str, hit: int)
     return await crash_and_recover(cluster, reg, url, "add things", point, hit, timeout=20)
 
 
-# The crash-free run commits: user turn, step 1 with its intents, 2 results, step 2 with
-# its intent, its result: 6 flushes; step 3 and the run's end go with the wake's commit.
-FLUSHES = 6
+# The crash-free run commits: the user turn with step 1 and its intents, 2 results, step 2
+# with its intent, its result: 5 flushes; step 3 and the run's end go with the wake's commit.
+FLUSHES = 5
 
 
 async def crash_at_every_flush(
@@ -273,17 +275,35 @@ async def test_crash_before_every_commit_resumes_to_the_same_run(cluster):
 
 async def test_crash_before_a_step_is_journaled_calls_the_model_again_for_that_step(cluster):
     model = adding_model()
-    # The second flush commits step 1: die just before it.
-    rt = await run_with_crash(cluster, adding_app(model, []), "/bot/b", "flush:before-commit", 2)
-    assert len(model.requests) == 4  # step 1 was asked twice, steps 2 and 3 once
+    # Flush 1 commits step 1 (with the user turn), 2 and 3 its results, 4 step 2: die
+    # just before it.
+    rt = await run_with_crash(cluster, adding_app(model, []), "/bot/b", "flush:before-commit", 4)
+    assert len(model.requests) == 4  # step 2 was asked twice, steps 1 and 3 once
     assert (await rt.conversation("/bot/b"))[-1]["content"][0]["text"] == "5, 9 and 11."
+
+
+async def test_a_crash_before_a_runs_first_commit_takes_its_input_again(cluster):
+    """The user turn is committed with the first step: a crash before that commit leaves
+    the input unhandled, so the next worker takes it again (one user turn in the log) and
+    asks the model again for step 1; nothing ran."""
+    model = adding_model()
+    executions: list[str] = []
+    url = "/bot/first"
+    rt = await run_with_crash(cluster, adding_app(model, executions), url, "flush:before-commit", 1)
+    assert len(model.requests) == 4  # step 1 was asked twice, steps 2 and 3 once
+    assert model.requests[0].messages == model.requests[1].messages  # the same step 1
+    assert sorted(executions) == ["c1", "c2", "c3"]  # no call ran before its intent
+    turns = [r.event async for r in rt.events(url) if isinstance(r.event, UserTurn)]
+    message = [r.id async for r in rt.events(url) if isinstance(r.event, Message)]
+    assert [t.sources for t in turns] == [message]
+    assert (await rt.conversation(url))[-1]["content"][0]["text"] == "5, 9 and 11."
 
 
 async def test_an_in_doubt_call_is_rerun_with_the_same_id(cluster):
     executions: list[str] = []
-    # Flush 3 commits the first tool result: die before it, after the tool ran.
+    # Flush 2 commits the first tool result: die before it, after the tool ran.
     rt = await run_with_crash(
-        cluster, adding_app(adding_model(), executions), "/bot/b", "flush:before-commit", 3
+        cluster, adding_app(adding_model(), executions), "/bot/b", "flush:before-commit", 2
     )
     assert sorted(set(executions)) == ["c1", "c2", "c3"]
     assert len(executions) in (4, 5)  # one or both parallel calls were in doubt, and ran again
@@ -299,7 +319,7 @@ async def test_an_in_doubt_call_of_a_tool_that_must_not_rerun_is_reported_interr
         adding_app(adding_model(), executions, rerun=False),
         "/bot/b",
         "flush:before-commit",
-        3,
+        2,
     )
     assert len(executions) == len(set(executions))  # nothing ran twice
     outcomes = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
@@ -310,6 +330,23 @@ async def test_an_in_doubt_call_of_a_tool_that_must_not_rerun_is_reported_interr
 
 
 # --- cancellation ---------------------------------------------------------------------
+
+
+def test_the_signal_calls_back_once_when_it_fires_and_at_once_after():
+    """The loop races the model call and the tools against the signal with a callback
+    (``CancelSignal.on_cancel``), so no task waits on the signal."""
+    from wakeful.cancellation import CancelSignal
+
+    signal = CancelSignal()
+    fired: list[str] = []
+    signal.on_cancel(lambda: fired.append("kept"))
+    remove = signal.on_cancel(lambda: fired.append("removed"))
+    remove()
+    signal.cancel("stop")
+    signal.cancel("again")
+    assert fired == ["kept"]
+    signal.on_cancel(lambda: fired.append("late"))  # already fired: called at once
+    assert fired == ["kept", "late"]
 
 
 class HangingModel:
@@ -525,9 +562,10 @@ async def _until_interrupted(caplog: pytest.LogCaptureFixture, url: str) -> None
 
 
 async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
-    """A step is committed with its calls' intents, the last step with the run's end
-    and the wake: a run of two tool steps and an answer is four commits (one for the
-    user turn, one per step with its intent, one per result, one for the answer)."""
+    """A step is committed with its calls' intents (the first step with the user turn
+    too), the last step with the run's end and the wake: a run of two tool steps and an
+    answer is five commits (one per step with its intent, one per result, one for the
+    answer)."""
     from wakeful.store import Store
 
     commits: list[str] = []
@@ -549,5 +587,27 @@ async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
     rt = await cluster.runtime(adding_app(ScriptedModel(respond), executions))
     assert await rt.ask("/bot/n", "add") == "done"
     assert executions == ["c0", "c1"]
-    # user turn; step 1 + intent; result; step 2 + intent; result; step 3 + end + wake
-    assert commits.count("/bot/n") == 6
+    # user turn + step 1 + intent; result; step 2 + intent; result; step 3 + end + wake
+    assert commits.count("/bot/n") == 5
+
+
+async def test_a_run_that_answers_at_once_is_one_commit(cluster, monkeypatch):
+    """The user turn is not a commit point of its own: a run whose first step answers
+    is committed once, with the wake (its user turn, step and end), and a crash before
+    that commit takes the input again (``crash_at_every_flush`` covers ``wake:*``)."""
+    from wakeful.store import Store
+
+    commits: list[str] = []
+    original = Store.commit
+
+    async def counting(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
+        commits.append(url)
+        return await original(store, url, token, **kwargs)
+
+    monkeypatch.setattr(Store, "commit", counting)
+    rt = await cluster.runtime(adding_app(ScriptedModel(["One.", "Two."]), []))
+    assert await rt.ask("/bot/once", "first") == "One."
+    assert await rt.ask("/bot/once", "second") == "Two."
+    assert commits.count("/bot/once") == 2  # one a run
+    kinds = [type(r.event).__name__ async for r in rt.events("/bot/once")]
+    assert kinds.count("UserTurn") == 2 and kinds.count("RunFinished") == 2

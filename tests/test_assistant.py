@@ -356,11 +356,11 @@ async def test_a_tool_call_id_reused_in_a_later_run_still_dispatches_a_new_child
         assert len([e for e in child_log if isinstance(e, Message)]) == 1
 
 
-# The research run's commits: 1 user turn, 2 the dispatch step, 3 its intent, 4 its
-# result (with the spawn in the outbox), then the spawn is delivered.
+# The research run's commits: 1 the dispatch step with the user turn and its intent, 2
+# its result (with the spawn in the outbox), then the spawn is delivered.
 CRASH_POINTS = [
-    ("flush:before-commit", 4),  # the call is in doubt: the dispatch runs again, same id
-    ("flush:after-commit", 4),  # result committed, spawn not yet delivered
+    ("flush:before-commit", 2),  # the call is in doubt: the dispatch runs again, same id
+    ("flush:after-commit", 2),  # result committed, spawn not yet delivered
     ("deliver:after-spawn", 1),  # spawn delivered, delivery not yet marked
 ]
 

@@ -38,7 +38,8 @@ def locate(request: ModelRequest) -> Any:
     return ModelResponse(content=[call], stop_reason="tool_use")
 
 
-def registry() -> Registry:
+def registry(thinking: asyncio.Event | None = None) -> Registry:
+    """``thinking`` is set when the sleeper's model is asked (its run is open)."""
     reg = Registry()
     notes.register(reg)
 
@@ -48,6 +49,8 @@ def registry() -> Registry:
         await ctx.agent.run()
 
     async def thinks_forever(request: ModelRequest) -> Any:
+        if thinking is not None:
+            thinking.set()
         await asyncio.Event().wait()  # until the run is cancelled
 
     @reg.entity("sleeper")
@@ -59,9 +62,14 @@ def registry() -> Registry:
 
 
 @pytest.fixture
-async def worker(server_url: str, prefix: str):
+def thinking() -> asyncio.Event:
+    return asyncio.Event()
+
+
+@pytest.fixture
+async def worker(server_url: str, prefix: str, thinking: asyncio.Event):
     settings = Settings(redis_url=server_url, prefix=prefix, partitions=4, lease_ttl_ms=1000)
-    rt = Runtime(registry(), settings=settings, run_worker=True)
+    rt = Runtime(registry(thinking), settings=settings, run_worker=True)
     await rt.start()
     yield rt
     await rt.close()
@@ -98,15 +106,10 @@ async def test_create_with_args_state_and_delete(worker, server_url, prefix):
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
-async def test_cancel_a_running_run(worker, server_url, prefix):
+async def test_cancel_a_running_run(worker, server_url, prefix, thinking):
     await worker.send("/sleeper/s1", "sleep")
-
-    async def running() -> bool:
-        status = await worker.status("/sleeper/s1", runs=True)
-        return status.run is not None
-
-    while not await running():
-        await asyncio.sleep(0.05)
+    # The run is open (its first commit, with its first step, is not made yet).
+    await asyncio.wait_for(thinking.wait(), 30)
     cancelled = await run(server_url, prefix, "cancel", "/sleeper/s1", "--reason", "enough")
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.startswith("cancel sent to /sleeper/s1: ")

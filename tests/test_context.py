@@ -290,8 +290,9 @@ async def test_a_wake_replayed_after_a_reset_does_not_take_its_message_again(clu
     # commits. The replayed wake must not find its message "fresh" (its turn is gone).
     api = WindowedAPI()
     app = chat_app(api, reset_after_run=True)
-    # Commit points of the wake: the user turn; the step and the run's end with the reset.
-    rt = await crash_and_recover(cluster, app, "/chat/taken", "one", "flush:after-commit", 2)
+    # The wake's one commit point before its own: the reset, with the user turn, the step
+    # and the run's end.
+    rt = await crash_and_recover(cluster, app, "/chat/taken", "one", "flush:after-commit", 1)
     assert len(api.sent) == 1  # one model call: the message was not taken twice
     assert await rt.conversation("/chat/taken") == []
     assert len(await log_events(rt, "/chat/taken", UserTurn)) == 1
@@ -313,8 +314,8 @@ async def test_a_crash_during_compaction_loses_nothing(cluster, point):
         assert not await log_events(rt, url, ConversationCompacted)
         live["context_window"] = WINDOW  # ...then the agent learns its window: it compacts
 
-    # The new message's commit points: its user turn (1), then the compaction (2).
-    rt = await crash_and_recover(cluster, app, url, f"last: {FILLER}", point, 2, setup=setup)
+    # The new message's first commit point is the compaction (with its user turn).
+    rt = await crash_and_recover(cluster, app, url, f"last: {FILLER}", point, 1, setup=setup)
     compactions = await log_events(rt, url, ConversationCompacted)
     assert len(compactions) == 1  # committed once, whichever side of the commit it died on
     history = await rt.history(url)

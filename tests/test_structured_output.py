@@ -311,9 +311,9 @@ async def test_a_crash_after_any_commit_of_the_run_resumes_to_the_same_answer(cl
     """Every decision about the answer is made from journaled events: a worker killed
     after any commit of a run with one correction resumes to the same output, and
     never asks the model for a step it journaled."""
-    # Commits: user turn, step 1 with its intent, its (invalid) result, step 2 with its
-    # intent, its result; then the run's end with the wake's own commit.
-    crashes = [("flush:after-commit", hit) for hit in range(1, 6)] + [("wake:after-commit", 1)]
+    # Commits: step 1 with the user turn and its intent, its (invalid) result, step 2 with
+    # its intent, its result; then the run's end with the wake's own commit.
+    crashes = [("flush:after-commit", hit) for hit in range(1, 5)] + [("wake:after-commit", 1)]
     for point, hit in crashes:
         model = ScriptedModel(
             [

@@ -444,8 +444,8 @@ async def test_a_typed_call_whose_result_a_crash_lost_is_not_run_again(cluster):
     agent = define_agent(
         name="crash", instructions=".", model=model, tools={"up": upper_tool(executions)}
     )
-    # Commits: 1 the user turn, 2 the step with its intent, 3 the result: die before 3.
-    rt = await crash_and_recover(cluster, app(agent), URL, "go", "flush:before-commit", 3)
+    # Commits: 1 the step with the user turn and its intent, 2 the result: die before 2.
+    rt = await crash_and_recover(cluster, app(agent), URL, "go", "flush:before-commit", 2)
     assert executions == ["c1"]
     outcome = (await outcomes(rt))["c1"]
     assert outcome.is_error and "was interrupted" in outcome.content[0]["text"]

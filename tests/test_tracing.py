@@ -239,7 +239,7 @@ async def _until(condition: Any, timeout: float = 30.0) -> None:
     ("point", "hit"),
     [
         ("deliver:after-spawn", 1),  # the spawn is delivered again by the next worker
-        ("flush:before-commit", 4),  # the dispatch is in doubt and runs again
+        ("flush:before-commit", 2),  # the dispatch is in doubt and runs again
     ],
 )
 async def test_a_trace_goes_on_after_a_worker_crash(cluster, spans, point, hit):
