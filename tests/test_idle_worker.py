@@ -33,8 +33,10 @@ def alarm_registry(fired: list[int], rang: asyncio.Event) -> Registry:
     @reg.entity("alarm")
     async def alarm(ctx: HandlerContext) -> None:
         for m in ctx.wake.messages:
-            if m.payload == "arm":
-                await ctx.send(ctx.entity_url, "rang", after=dt.timedelta(milliseconds=300))
+            if m.payload in ("arm", "arm later"):
+                later = m.payload == "arm later"
+                after = dt.timedelta(milliseconds=3000 if later else 300)
+                await ctx.send(ctx.entity_url, "rang", after=after)
             elif m.payload == "rang":
                 fired.append(int(time.time() * 1000))
                 rang.set()
@@ -57,6 +59,28 @@ async def test_a_timer_set_while_the_worker_is_idle_fires_at_its_time_without_a_
     )
     await asyncio.wait_for(rang.wait(), 20)  # without the commit's hint: at the poll, 60 s
     assert 0 <= fired[0] - int(due) < PRECISION_MS
+
+
+async def test_a_partition_taken_over_fires_its_timers_without_a_poll(cluster):
+    fired_first: list[int] = []
+    first = await cluster.runtime(alarm_registry(fired_first, asyncio.Event()), **NO_POLL)
+    assert first.store is not None
+    url = "/alarm/moving"
+    p = first.store.keys.partition(url)
+    await first.send(url, "arm later")
+    [(_, due)] = await until(
+        lambda: first.store.redis.zrange(first.store.keys.timers(p), 0, -1, withscores=True),
+        10,
+        "the timer to be set",
+    )
+    await first.close()  # gracefully: its leases are handed back at once
+    cluster.runtimes.remove(first)
+    fired: list[int] = []
+    rang = asyncio.Event()
+    second = await cluster.runtime(alarm_registry(fired, rang), **NO_POLL)
+    await asyncio.wait_for(rang.wait(), 20)  # read when the partition was acquired
+    assert fired_first == [] and 0 <= fired[0] - int(due) < PRECISION_MS
+    assert second.worker is not None and p in second.worker.leases
 
 
 async def test_a_pointer_read_across_a_hand_over_reaches_the_new_owner_at_once(cluster):
