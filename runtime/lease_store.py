@@ -11,6 +11,7 @@ leases and fencing".
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 from .keys import GROUP
@@ -87,10 +88,14 @@ class LeaseStore(ScriptRunner):
 
 
 def _score(value: object) -> int | None:
+    """A score as whole ms: ``None`` for none or ``+inf`` (never due), ``-inf`` as 0."""
     if value in (b"", ""):
         return None
-    return int(float(value.decode() if isinstance(value, bytes) else str(value)))
+    score = float(value.decode() if isinstance(value, bytes) else str(value))
+    if math.isinf(score):
+        return None if score > 0 else 0
+    return int(score)
 
 
 def _first(reply: list[tuple[object, float]]) -> int | None:
-    return int(reply[0][1]) if reply else None
+    return _score(str(reply[0][1])) if reply else None

@@ -205,8 +205,9 @@ class LeaseKeeper:
         started = time.monotonic()
         try:
             results = await self.store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
-        except Exception as exc:  # one node: none of them went through
-            results = [exc] * len(held)
+        except Exception as exc:  # one node, one call: none of them went through
+            log.warning("worker %s: renewing its leases failed: %s", self.worker_id, exc)
+            return False, False
         lost, answered = False, not held
         for (partition, lease), result in zip(held, results, strict=True):
             if isinstance(result, Exception):

@@ -156,3 +156,10 @@ async def test_requeue_puts_back_only_the_pointers_still_pending_for_the_reader(
     entries = await store.redis.xrange(k.inbox(p))
     assert [e[0] for e in entries] == [second, again.entry_id.encode()]  # the copy replaced it
     assert await store.requeue(p, "w1", [first.decode()]) == 0  # gone: nothing twice
+
+
+async def test_first_due_reads_infinite_scores_as_never_and_now(store):
+    k = store.keys
+    await store.redis.zadd(k.timers(0), {"never": float("inf")})
+    await store.redis.zadd(k.crondue(0), {"long ago": float("-inf")})
+    assert await store.first_due([0]) == {0: (None, 0)}
