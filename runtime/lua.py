@@ -535,6 +535,8 @@ end
 return moved
 """
 
+# The expiry is written only once less than half of it is left: an idle worker's
+# heartbeat writes every few ticks, not every tick, and reads the live workers each time.
 # -> live worker ids
 HEARTBEAT = """
 local workers = KEYS[1]     -- live workers, score = expiry ms
@@ -545,7 +547,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ttl_ms == '' then
   redis.call('ZREM', workers, worker_id)
 else
-  redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
+  local expires = tonumber(redis.call('ZSCORE', workers, worker_id))
+  if not expires or expires < now + tonumber(ttl_ms) / 2 then
+    redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
+  end
 end
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
 return redis.call('ZRANGE', workers, 0, -1)

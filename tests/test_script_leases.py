@@ -163,3 +163,14 @@ async def test_first_due_reads_infinite_scores_as_never_and_now(store):
     await store.redis.zadd(k.timers(0), {"never": float("inf")})
     await store.redis.zadd(k.crondue(0), {"long ago": float("-inf")})
     assert await store.first_due([0]) == {0: (None, 0)}
+
+
+async def test_heartbeat_writes_the_expiry_only_once_half_of_it_is_left(store):
+    k = store.keys
+    await store.heartbeat("w1", 60_000)
+    [(_, first)] = await store.redis.zrange(k.workers, 0, 0, withscores=True)
+    await store.heartbeat("w1", 60_000)  # most of it is left: nothing written
+    assert await store.redis.zscore(k.workers, "w1") == first
+    await store.redis.zadd(k.workers, {"w1": first - 40_000})  # less than half left
+    assert await store.heartbeat("w1", 60_000) == ["w1"]
+    assert await store.redis.zscore(k.workers, "w1") > first - 40_000
