@@ -88,6 +88,9 @@ class PartitionUser(Protocol):
     def busy(self, partition: int) -> bool:
         """Whether a wake of the partition is still running."""
 
+    def stranded(self) -> set[int]:
+        """Partitions whose pointers a wake left pending unacknowledged, since last asked."""
+
 
 class LeaseKeeper:
     """The leases of one worker; :meth:`run` is its heartbeat loop."""
@@ -286,10 +289,14 @@ class LeaseKeeper:
     async def _sweep(self) -> None:
         """A lease period after each acquisition: take over the pointers still pending
         for another worker, idle longer than the lease (read by the previous owner
-        after the acquisition's claim, and not put back: see ``Listeners._put_back``).
-        Not every tick: an idle worker sends nothing for it."""
+        after the acquisition's claim, and not put back: see ``Listeners._put_back``);
+        and a lease period after a wake here gave up on its pointers unacknowledged
+        (its lease was invalid for a moment, parking failed): take them again. Not every
+        tick: an idle worker sends nothing for it."""
         ttl_ms = self.settings.lease_ttl_ms
         now = time.monotonic()
+        for partition in self.user.stranded():  # idle for a lease period by then
+            self._sweep_at[partition] = max(self._sweep_at.get(partition, 0.0), now + ttl_ms / 1000)
         for partition, when in list(self._sweep_at.items()):
             lease = self.held.get(partition)
             if lease is None or lease.draining:

@@ -136,3 +136,31 @@ class Gate:
                 self.returned.set()
         await self.go.wait()
         return await self.read(partitions, *args, **kwargs)
+
+
+async def test_a_wake_given_up_while_its_lease_was_invalid_runs_once_the_lease_is_back(cluster):
+    """No inbox is swept every lease period any more: a pointer a wake leaves pending
+    (its lease was invalid for a moment, then renewed) is taken again a lease period on."""
+    rt = await cluster.runtime(notes_registry(), lease_ttl_ms=1000)
+    assert rt.worker is not None
+    runners, leases = rt.worker.runners, rt.worker.leases
+    schedule = runners.schedule
+    invalidated: list[int] = []
+
+    def lapsing(pointer: Any) -> None:
+        schedule(pointer)
+        if not invalidated:  # its runner finds no valid lease; the next tick renews it
+            invalidated.append(pointer.partition)
+            leases[pointer.partition].valid_until = 0.0
+
+    keeper = rt.worker.lease_keeper
+
+    async def acquisitions_swept() -> bool:
+        return not keeper._sweep_at  # the sweeps after acquiring are behind us
+
+    await until(acquisitions_swept, 20, "the sweeps a lease period after acquiring")
+    runners.schedule = lapsing  # type: ignore[method-assign]
+    url = "/notes/stranded"
+    await rt.send(url, "add once")
+    assert (await rt.wait_idle(url, timeout=20)).status == "idle"
+    assert invalidated and await note_texts(rt, url) == ["once"]
