@@ -30,6 +30,10 @@ class Settings:
     max_concurrency: int = 256
     read_count: int = 256
     block_ms: int = 500
+    # The timer loop sleeps until the earliest timer it knows of (due_times.py); this
+    # slow read of every owned partition's next due time is its safety net, for what
+    # no hint told it (a client's schedule, a commit whose reply was lost).
+    timer_poll_ms: int = 5000
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_attempts: int = 5
     retry_base_ms: int = 200
@@ -80,6 +84,7 @@ class Settings:
             "lease_ttl_ms",
             "max_concurrency",
             "read_count",
+            "timer_poll_ms",
             "max_event_bytes",
             "max_attempts",
             "snapshot_every",

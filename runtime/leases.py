@@ -5,15 +5,17 @@ partition. The :class:`LeaseKeeper` heartbeats the worker into
 ``<prefix>:workers``, computes the partitions it should own (rendezvous hashing
 over the live workers, so a change of membership moves few partitions), renews
 the leases it holds, acquires the ones it should own, and hands back the ones it
-should not once their wakes are done. Each tick it also sweeps the owned inboxes
-for wake pointers a crashed or fenced owner read but never acknowledged.
+should not once their wakes are done. On acquiring a partition it takes the wake
+pointers its previous owner read but never acknowledged, and sweeps once more a lease
+period later (for a read that was in flight); an idle worker's tick is a heartbeat and
+one renewal call for all its leases (``lease_store.py``).
 
 What runs the entities of a partition is a :class:`PartitionUser` (the
 worker's runners): it is told when a partition is adopted or lost and gets the
 swept pointers.
 
-Failures stay local to their partition: the leases are renewed concurrently, each on
-its own (on a Redis Cluster each goes to its partition's master), so a master that
+Failures stay local to their partition: each lease is renewed on its own (on a Redis
+Cluster each goes to its partition's master, concurrently), so a master that
 is down costs only the partitions it holds, which lapse when their lease runs out;
 the others are renewed, acquired and swept as usual. The heartbeat failing (the
 worker registry's master is down) does not stop the renewals either: the tick goes
@@ -29,6 +31,7 @@ import secrets
 import socket
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,6 +88,9 @@ class PartitionUser(Protocol):
     def busy(self, partition: int) -> bool:
         """Whether a wake of the partition is still running."""
 
+    def stranded(self) -> set[int]:
+        """Partitions whose pointers a wake left pending unacknowledged, since last asked."""
+
 
 class LeaseKeeper:
     """The leases of one worker; :meth:`run` is its heartbeat loop."""
@@ -96,8 +102,9 @@ class LeaseKeeper:
         self.user = user
         self.held: dict[int, Lease] = {}
         self.changed = asyncio.Event()  # the set of readable partitions changed
+        self.on_change: list[Callable[[], None]] = []  # told too (the timer loop)
         self.ready = asyncio.Event()  # set after the first successful tick
-        self._last_sweep = 0.0
+        self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
         self._failing: str | None = None  # the cause of the failing ticks, while they fail
 
@@ -184,30 +191,29 @@ class LeaseKeeper:
         changed = await self._hand_over(desired) or changed
         await self._sweep()
         if changed:
-            self.changed.set()
+            self._changed()
+
+    def _changed(self) -> None:
+        self.changed.set()
+        for tell in self.on_change:
+            tell()
 
     async def _renew(self) -> tuple[bool, bool]:
-        """Renew every held lease, concurrently and each on its own: one that fails
-        (its master is down) keeps its lease until it runs out, the others are renewed.
-        Returns (a lease was lost, a renewal went through or there was none to do)."""
+        """Renew every held lease in one call (on a cluster, concurrently and each on
+        its own: one whose master is down keeps its lease until it runs out, the others
+        are renewed). Returns (a lease was lost, a renewal went through or there was
+        none to do)."""
         ttl_ms = self.settings.lease_ttl_ms
         held = list(self.held.items())
-
-        async def renew(partition: int, lease: Lease) -> bool:
-            started = time.monotonic()
-            if not await self.store.renew(partition, lease.token, ttl_ms):
-                return False
-            lease.valid_until = started + ttl_ms / 1000
-            return True
-
-        results = await asyncio.gather(
-            *(renew(p, lease) for p, lease in held), return_exceptions=True
-        )
+        started = time.monotonic()
+        try:
+            results = await self.store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
+        except Exception as exc:  # one node, one call: none of them went through
+            log.warning("worker %s: renewing its leases failed: %s", self.worker_id, exc)
+            return False, False
         lost, answered = False, not held
         for (partition, lease), result in zip(held, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result  # cancelled
+            if isinstance(result, Exception):
                 log.warning(
                     "worker %s: renewing the lease of partition %d failed: %s",
                     self.worker_id,
@@ -216,7 +222,9 @@ class LeaseKeeper:
                 )
                 continue
             answered = True
-            if not result and self.held.get(partition) is lease:
+            if result:
+                lease.valid_until = started + ttl_ms / 1000
+            elif self.held.get(partition) is lease:
                 self.lose(partition, "lease lost")
                 lost = True
         return lost, answered
@@ -252,6 +260,9 @@ class LeaseKeeper:
         log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
         await self.store.ensure_group(partition)
         await self._take_pending(partition, 0)
+        # Once more a lease period on: a pointer its previous owner read after this
+        # claim (a zombie's read in flight) is idle by then, and taken.
+        self._sweep_at[partition] = time.monotonic() + ttl_ms / 1000
         return True
 
     async def _hand_over(self, desired: set[int]) -> bool:
@@ -276,23 +287,34 @@ class LeaseKeeper:
         return changed
 
     async def _sweep(self) -> None:
-        """Once per lease period: take over pointers that stayed unacknowledged too long."""
+        """A lease period after each acquisition: take over the pointers still pending
+        for another worker, idle longer than the lease (read by the previous owner
+        after the acquisition's claim, and not put back: see ``Listeners._put_back``);
+        and a lease period after a wake here gave up on its pointers unacknowledged
+        (its lease was invalid for a moment, parking failed): take them again. Not every
+        tick: an idle worker sends nothing for it."""
         ttl_ms = self.settings.lease_ttl_ms
         now = time.monotonic()
-        if now - self._last_sweep < ttl_ms / 1000:
-            return
-        self._last_sweep = now
-        for partition, lease in list(self.held.items()):
-            if not lease.draining:
-                try:
-                    await self._take_pending(partition, ttl_ms)
-                except TRANSIENT_ERRORS as exc:  # its master is down: the others go on
-                    log.warning(
-                        "worker %s: sweeping the inbox of partition %d failed: %s",
-                        self.worker_id,
-                        partition,
-                        exc,
-                    )
+        for partition in self.user.stranded():  # idle for a lease period by then
+            self._sweep_at[partition] = max(self._sweep_at.get(partition, 0.0), now + ttl_ms / 1000)
+        for partition, when in list(self._sweep_at.items()):
+            lease = self.held.get(partition)
+            if lease is None or lease.draining:
+                del self._sweep_at[partition]
+                continue
+            if now < when:
+                continue
+            try:
+                await self._take_pending(partition, ttl_ms)
+            except TRANSIENT_ERRORS as exc:  # its master is down: the others go on
+                log.warning(
+                    "worker %s: sweeping the inbox of partition %d failed: %s",
+                    self.worker_id,
+                    partition,
+                    exc,
+                )
+                continue
+            del self._sweep_at[partition]
 
     async def _take_pending(self, partition: int, min_idle_ms: int) -> None:
         """Schedule the partition's pending pointers idle for ``min_idle_ms``; move a bad
@@ -345,7 +367,7 @@ class LeaseKeeper:
         log.warning("worker %s lost partition %d: %s", self.worker_id, partition, reason)
         self.held.pop(partition, None)
         self.user.abandon(partition, reason)
-        self.changed.set()
+        self._changed()
 
     async def release_all(self) -> None:
         """Hand back every lease and leave the worker set (graceful shutdown)."""

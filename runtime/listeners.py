@@ -2,9 +2,10 @@
 
 * :meth:`Listeners.read_inboxes` blocks on XREADGROUP over the owned inboxes
   and hands each wake pointer to the entity's runner (holding back while the
-  backlog is full);
+  backlog is full), and puts back the pointers of partitions it lost meanwhile;
 * :meth:`Listeners.fire_timers` fires the due timers of the owned partitions,
-  and the due occurrences of their recurring schedules (``schedule_firing.py``);
+  and the due occurrences of their recurring schedules (``schedule_firing.py``),
+  sleeping until the earliest due time it knows of (``due_times.py``);
 * :meth:`Listeners.relay_cancels` passes ``rt.cancel`` requests (pub/sub) to
   the wake they concern, if it runs here.
 
@@ -26,6 +27,7 @@ from redis.exceptions import NoPermissionError
 
 from .acl import missing_right
 from .config import Settings
+from .due_times import SCHEDULE, TIMER, DueTimes
 from .leases import LeaseKeeper
 from .runners import Runners
 from .schedule_firing import ScheduleFiring
@@ -33,6 +35,8 @@ from .store import TRANSIENT_ERRORS, BadItem, Store
 
 log = logging.getLogger("wakeful.listeners")
 FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
+TIMER_RETRY_S = 0.25  # the timer loop's next pass after Redis failed it
+MIN_TIMER_SLEEP_S = 0.005  # between two passes, at least (a timer due now fires now)
 CANCEL_RETRY_S = 30.0  # a cancel subscription Redis refused is tried again this much later
 
 
@@ -55,6 +59,8 @@ class Listeners:
         self._fault = fault
         self._fire_failures: dict[str, int] = {}  # timer member -> failed fires in a row
         self.schedules = ScheduleFiring(store, worker_id, leases.token, fault, clock)
+        self.due = DueTimes()  # when the timer loop looks next
+        leases.on_change.append(self.due.changed.set)  # adopted partitions: read them
         self._stop_reading = False
         self.reading_done = anyio.Event()  # set once read_inboxes returned
 
@@ -101,11 +107,33 @@ class Listeners:
                 log.warning("worker %s: inbox read failed: %s", self.worker_id, exc)
                 await anyio.sleep(0.2)
                 continue
+            strays: dict[int, list[str]] = {}
             for pointer in pointers:
                 if isinstance(pointer, BadItem):
                     await self._quarantine(pointer)
                 elif self.leases.token(pointer.partition) is not None:
                     self.runners.schedule(pointer)
+                else:  # the partition went while the read was in flight
+                    strays.setdefault(pointer.partition, []).append(pointer.entry_id)
+            await self._put_back(strays)
+
+    async def _put_back(self, strays: dict[int, list[str]]) -> None:
+        """Pointers read for partitions this worker no longer holds (handed over, or
+        lapsed, while the read was in flight) go back into their inboxes at once, so the
+        new owner reads them now rather than in a pending sweep a lease period later.
+        One that cannot be put back stays pending here: the new owner's sweep after its
+        acquisition takes it."""
+        for partition, ids in strays.items():
+            try:
+                await self.store.requeue(partition, self.worker_id, ids)
+            except TRANSIENT_ERRORS as exc:
+                log.warning(
+                    "worker %s: putting back %d pointers of partition %d failed: %s",
+                    self.worker_id,
+                    len(ids),
+                    partition,
+                    exc,
+                )
 
     async def _quarantine(self, bad: BadItem) -> None:
         try:
@@ -116,24 +144,80 @@ class Listeners:
             )
 
     async def fire_timers(self) -> None:
-        """Fire due timers and schedule occurrences of the owned partitions; sleeps until
-        the next one (max 250 ms)."""
+        """Fire due timers and schedule occurrences of the owned partitions. Sleeps until
+        the earliest due time it knows of (``due_times.py``), a hint of an earlier one,
+        a change of the owned partitions, or the safety-net read (``timer_poll_ms``)."""
+        self.store.due_hints.append(self.due.hint)
+        try:
+            await self._timer_loop()
+        finally:
+            self.store.due_hints.remove(self.due.hint)
+
+    async def _timer_loop(self) -> None:
+        poll_s = self.settings.timer_poll_ms / 1000
+        next_poll = 0.0  # time.monotonic() of the next safety-net read
         while True:
-            delay = 0.25
+            self.due.changed.clear()  # a hint from now on ends the sleep below
+            delay = TIMER_RETRY_S
             try:
                 partitions = self.leases.active()
-                if partitions:
-                    delay = await self._fire_due(partitions, delay)
-                    upcoming = await self.schedules.fire_due(partitions)
-                    if upcoming is not None:
-                        left = (upcoming - self.schedules.clock() * 1000) / 1000
-                        delay = min(delay, max(0.0, left))
+                self.due.keep_only(partitions)
+                if time.monotonic() >= next_poll:
+                    await self._read_due(partitions)
+                    next_poll = time.monotonic() + poll_s
+                else:  # adopted since the last pass: read when their timers are due
+                    await self._read_due([p for p in partitions if p not in self.due.known()])
+                await self._fire_pass()
+                delay = self._until_next(next_poll)
             except TRANSIENT_ERRORS as exc:
                 log.warning("worker %s: timer check failed: %s", self.worker_id, exc)
-            await anyio.sleep(max(delay, 0.005))
+            with anyio.move_on_after(max(delay, MIN_TIMER_SLEEP_S)):
+                await self.due.changed.wait()
 
-    async def _fire_due(self, partitions: list[int], delay: float) -> float:
-        now = int(time.time() * 1000)
+    async def _read_due(self, partitions: list[int]) -> None:
+        """Read the earliest due times of ``partitions`` into :attr:`due`."""
+        if not partitions:
+            return
+        seen = self.due.reading()
+        try:
+            read = await self.store.first_due(partitions)
+        except BaseException:
+            self.due.abandon(seen)
+            raise
+        self.due.apply(seen, read)
+
+    async def _fire_pass(self) -> None:
+        """Fire what is due in the partitions whose lease is valid, then read their
+        next due times."""
+        held = self._valid(self.due.known())
+        now_ms = int(time.time() * 1000)
+        timers = [p for p in self.due.due(TIMER, now_ms) if p in held]
+        schedules = [
+            p for p in self.due.due(SCHEDULE, int(self.schedules.clock() * 1000)) if p in held
+        ]
+        if timers:
+            await self._fire_due(timers, now_ms)
+        if schedules:
+            await self.schedules.fire_due(schedules)
+        await self._read_due(sorted(set(timers) | set(schedules)))
+
+    def _until_next(self, next_poll: float) -> float:
+        """Seconds until the next pass: the earliest due time of a valid lease, or the
+        safety-net read."""
+        held = self._valid(self.due.known())
+        waits = [next_poll - time.monotonic()]
+        timer = self.due.earliest(TIMER, held)
+        if timer is not None:
+            waits.append((timer - time.time() * 1000) / 1000)
+        schedule = self.due.earliest(SCHEDULE, held)
+        if schedule is not None:
+            waits.append((schedule - self.schedules.clock() * 1000) / 1000)
+        return min(waits)
+
+    def _valid(self, partitions: set[int]) -> set[int]:
+        return {p for p in partitions if self.leases.token(p) is not None}
+
+    async def _fire_due(self, partitions: list[int], now: int) -> None:
         for timer in await self.store.due_timers(partitions, now):
             if isinstance(timer, BadItem):
                 await self._quarantine(timer)
@@ -151,10 +235,6 @@ class Listeners:
                     continue
                 self._fire_failures.pop(member, None)
                 self._fault("timer:after-fire")
-        upcoming = await self.store.next_timer_ms(partitions)
-        if upcoming is not None:
-            delay = min(delay, max(0.0, (upcoming - time.time() * 1000) / 1000))
-        return delay
 
     async def _fire_failed(self, partition: int, member: str, exc: Exception) -> None:
         """A timer whose FIRE script fails: retried at the next passes, and moved to the

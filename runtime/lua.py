@@ -527,6 +527,68 @@ end
 return 0
 """
 
+# The single-node form of RENEW for every lease a worker holds: one call a tick, each
+# lease renewed or not on its own (a reply per lease, in order). Its keys span slots,
+# so it is never sent to a Redis Cluster (there each lease is renewed by RENEW on its
+# master, pipelined per master). -> {1 renewed | 0 lost, ...}
+RENEW_ALL = """
+local ttl_ms = ARGV[1]
+local out = {}
+for i, lease in ipairs(KEYS) do  -- KEYS[i]: a partition lease; ARGV[i + 1]: its token
+  if redis.call('GET', lease) == ARGV[i + 1] then
+    redis.call('PEXPIRE', lease, ttl_ms)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# The earliest due time (ms) of each sorted set in KEYS (a partition's timers and
+# schedules), '' for an empty one: the timer loop's safety-net read over every owned
+# partition, one call. Read only; single-node only, like RENEW_ALL.
+# -> {score or '', ...}
+FIRST_DUE = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  out[i] = first[2] or ''
+end
+return out
+"""
+
+# Put back wake pointers a worker read for a partition it no longer holds (a read in
+# flight across a hand-over or a lapse): each pointer still pending for that worker is
+# copied to a new entry and acknowledged, in one step, so the partition's owner reads
+# it at once instead of finding it in a pending sweep a lease period later. A pointer
+# another worker claimed meanwhile is left alone. Not fenced: it moves no work, and an
+# entity keeps exactly one unacknowledged pointer. -> the number put back
+REQUEUE = """
+local inbox = KEYS[1]      -- the partition inbox (wake pointers)
+local group = ARGV[1]      -- the inbox consumer group
+local consumer = ARGV[2]   -- the worker that read the pointers
+local inbox_key = inbox    -- the name the doorbell line uses (see ensure_pointer)
+local moved = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local pending = redis.call('XPENDING', inbox, group, id, id, 1)
+  if pending[1] and pending[1][2] == consumer then
+    local entry = redis.call('XRANGE', inbox, id, id)
+    if entry[1] then
+      redis.call('XADD', inbox_key, '*', unpack(entry[1][2]))
+      -- doorbell
+    end
+    redis.call('XACK', inbox, group, id)
+    redis.call('XDEL', inbox, id)
+    moved = moved + 1
+  end
+end
+return moved
+"""
+
+# The expiry is written only once less than half of it is left: an idle worker's
+# heartbeat writes every few ticks, not every tick, and reads the live workers each time.
 # -> live worker ids
 HEARTBEAT = """
 local workers = KEYS[1]     -- live workers, score = expiry ms
@@ -537,7 +599,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ttl_ms == '' then
   redis.call('ZREM', workers, worker_id)
 else
-  redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
+  local expires = tonumber(redis.call('ZSCORE', workers, worker_id))
+  if not expires or expires < now + tonumber(ttl_ms) / 2 then
+    redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
+  end
 end
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
 return redis.call('ZRANGE', workers, 0, -1)

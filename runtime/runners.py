@@ -112,6 +112,7 @@ class Runners:
         # was sent: what that read brought along for them may predate their commits.
         self._touched: set[str] = set()
         self._read_tokens: dict[int, str | None] = {}  # the leases that read was made under
+        self._stranded: set[int] = set()  # partitions whose pointers a wake left pending
         self._slots = Slots(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
         self.killed = False
@@ -225,6 +226,12 @@ class Runners:
             runner.preload = None
         runner.pointer_ids.append(pointer.entry_id)
 
+    def stranded(self) -> set[int]:
+        """The partitions whose pointers a wake gave up on unacknowledged since the last
+        call (the lease keeper sweeps them a lease period later)."""
+        stranded, self._stranded = self._stranded, set()
+        return stranded
+
     def untrack(self, partition: int, pointer_ids: list[str]) -> None:
         tracked = self._tracked.get(partition)
         if tracked is not None:
@@ -249,6 +256,8 @@ class Runners:
             log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
             self.cache.forget(runner.url)
         finally:
+            if runner.pointer_ids:  # left pending: the lease keeper sweeps them later
+                self._stranded.add(runner.partition)
             self.untrack(runner.partition, runner.pointer_ids)
             self._runners.pop(runner.url, None)
             if not self._runners:
@@ -262,6 +271,7 @@ class Runners:
             async with self._slots:
                 token = self._token(runner.partition)
                 if token is None:
+                    runner.pointer_ids[:0] = pointer_ids  # pending, untracked when it ends
                     return
                 runner.cancels.lease_valid = lambda: self._token(runner.partition) == token
                 ticket = WakeTicket(
@@ -316,6 +326,7 @@ class Runners:
                 return
         except Exception:
             log.exception("worker %s: parking %s failed", self.worker_id, runner.url)
+        self._stranded.add(runner.partition)
         self.untrack(runner.partition, pointer_ids)
 
     async def _sleep_or_lose(self, runner: Runner, delay: float) -> None:

@@ -43,15 +43,15 @@ class ScheduleFiring:
         self.clock = clock  # epoch seconds (time.time; tests pass a clock they move)
         self._failures: dict[bytes, int] = {}  # member -> failed fire steps in a row
 
-    async def fire_due(self, partitions: list[int]) -> int | None:
-        """Fire the due schedules of ``partitions``; the next occurrence of any (ms)."""
+    async def fire_due(self, partitions: list[int]) -> None:
+        """Fire the due schedules of ``partitions`` (the timer loop reads their next
+        occurrences afterwards, with its timers')."""
         now_ms = int(self.clock() * 1000)
         for due in await self.store.due_schedules(partitions, now_ms):
             if isinstance(due, BadSchedule):
                 await self._quarantine(due)
             else:
                 await self._fire(due, now_ms)
-        return await self.store.next_schedule_ms(partitions)
 
     async def _fire(self, due: DueSchedule, now_ms: int) -> None:
         token = self._token(due.partition)

@@ -81,7 +81,9 @@ class ScheduleStore(ScriptRunner):
             raise InvalidScheduleError(
                 "id", spec.id, f"{url} has {MAX_PER_ENTITY} schedules already, the limit"
             )
-        return listed(spec, int(float(reply[1])))
+        stored_ms = int(float(reply[1]))
+        self._hint_due("schedule", p, stored_ms)
+        return listed(spec, stored_ms)
 
     async def delete_schedule(
         self, url: str, incarnation: str, schedule_id: str, *, token: str | None = None

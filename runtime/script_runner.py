@@ -50,6 +50,9 @@ ACQUIRE = Script(lua.ACQUIRE, "ACQUIRE")
 RENEW = Script(lua.RENEW, "RENEW")
 RELEASE = Script(lua.RELEASE, "RELEASE")
 HEARTBEAT = Script(lua.HEARTBEAT, "HEARTBEAT")
+RENEW_ALL = Script(lua.RENEW_ALL, "RENEW_ALL")
+FIRST_DUE = Script(lua.FIRST_DUE, "FIRST_DUE")
+REQUEUE = Script(lua.REQUEUE, "REQUEUE")
 FIRE = Script(lua.FIRE, "FIRE")
 DELETE = Script(lua.DELETE, "DELETE")
 CANCEL_TIMER = Script(lua.CANCEL_TIMER, "CANCEL_TIMER")
@@ -80,6 +83,9 @@ ALL_SCRIPTS = (
     RENEW,
     RELEASE,
     HEARTBEAT,
+    RENEW_ALL,
+    FIRST_DUE,
+    REQUEUE,
     CRON_UPSERT,
     CRON_DELETE,
     CRON_PURGE,
@@ -106,6 +112,14 @@ class ScriptRunner:
         self.router = Router(redis) if is_cluster(redis) else None
         self.replica_wait = replica_wait
         self.replica_wait_ms = replica_wait_ms
+        # Told of each timer ("timer") or schedule occurrence ("schedule") this store
+        # writes, as (kind, partition, due ms): the worker's timer loop sleeps until the
+        # earliest one it knows of (``due_times.py``) instead of polling Redis.
+        self.due_hints: list[Callable[[str, int, int], None]] = []
+
+    def _hint_due(self, kind: str, partition: int, due_ms: int) -> None:
+        for hint in self.due_hints:
+            hint(kind, partition, due_ms)
 
     async def load_scripts(self) -> None:
         if self.router is not None:

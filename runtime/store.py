@@ -49,6 +49,7 @@ from .errors import (
     TargetMissingError,
 )
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
+from .lease_store import LeaseStore
 from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
 from .routing import Router
 from .schedule_store import ScheduleStore
@@ -254,7 +255,7 @@ def _timer(keys: Keyspace, partition: int, member: bytes) -> tuple[int, str] | B
     return BadItem(partition, "timer", keys.timers(partition), member, reason)
 
 
-class Store(EntityReads, ScheduleStore):
+class Store(EntityReads, ScheduleStore, LeaseStore):
     """The runtime's one Redis speaker: scripts for every atomic change, plain reads.
 
     The reads of entity data are in :class:`~wakeful.entity_reads.EntityReads`, the
@@ -526,6 +527,8 @@ class Store(EntityReads, ScheduleStore):
             raise EntityGoneError(url)
         if status == "UNNOTIFIED":
             self._notice_refused(url, "commit")
+        if timers:  # the timer loop sleeps until the earliest timer it knows of
+            self._hint_due("timer", p, min(due for _, due, _ in timers))
         return [as_str(i) for i in reply[1:]]
 
     async def _commit(self, url: str, keys: list[str], args: list[Any]) -> Any:

@@ -155,6 +155,9 @@ class Cluster:
             "lease_ttl_ms": TEST_LEASE_TTL_MS,
             "heartbeat_interval_ms": TEST_HEARTBEAT_MS,
             "block_ms": 100,
+            # Tests write timers and move the schedules' clock by hand (no hint tells the
+            # worker): its safety-net read looks as often as the old poll did.
+            "timer_poll_ms": 250,
             "retry_base_ms": 20,
             "retry_max_ms": 200,
             "shutdown_grace_s": 5,

@@ -495,9 +495,9 @@ async def test_a_warm_state_behind_a_trim_is_not_folded_across_the_gap(cluster):
     back, the log after the warm state's position is gone: the worker must start from
     the snapshot, not fold the remaining tail onto its stale state (which lost every
     message the other owner handled: the chaos run with retention on found this)."""
-    # Partitions move here: a pointer read in flight across a hand-over waits for the
-    # pending sweep, a lease period, so the lease is short (not too short for a loaded box).
-    moving = {"lease_ttl_ms": 3000, "heartbeat_interval_ms": 333, **TRIM_ALL}
+    # Partitions move here, with the suite's long lease: a pointer read in flight across a
+    # hand-over goes back to the inbox at once (test_idle_worker.py), no pending sweep.
+    moving = TRIM_ALL
     first = await cluster.runtime(notes_registry(), **moving)
     assert first.worker is not None and first.store is not None
     keys = first.store.keys

@@ -110,3 +110,67 @@ async def test_heartbeat_deregisters_and_drops_expired_workers(store):
     assert sorted(await store.heartbeat("w3", 60_000)) == ["w1", "w2", "w3"]
     assert await store.heartbeat("w2", None) == ["w1", "w3"]
     assert await store.redis.zrange(k.workers, 0, -1) == [b"w1", b"w3"]
+
+
+# -- RENEW_ALL, FIRST_DUE, REQUEUE: the idle worker's calls (lease_store.py) --------------
+
+
+async def test_renew_all_renews_each_lease_on_its_own_in_one_call(store):
+    k = store.keys
+    mine = [await store.acquire(p, "w1", 1000) for p in (0, 1)]
+    theirs = await store.acquire(2, "w2", 1000)
+    assert None not in mine and theirs is not None
+    leases = [(0, mine[0]), (1, "w1:999"), (2, "w1:1"), (3, "w1:1")]
+    assert await store.renew_all(leases, 60_000) == [True, False, False, False]
+    assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
+    assert 0 < await store.redis.pttl(k.lease(1)) <= 1000  # a stale token renews nothing
+    assert 0 < await store.redis.pttl(k.lease(2)) <= 1000  # nor another worker's lease
+    assert await store.redis.get(k.lease(2)) == theirs.encode()
+    assert await store.redis.exists(k.lease(3)) == 0  # no lease is made
+    assert await store.renew_all([], 60_000) == []
+
+
+async def test_first_due_answers_the_earliest_timer_and_schedule_of_each_partition(store):
+    k = store.keys
+    await store.redis.zadd(k.timers(0), {"a": 300, "b": 100})
+    await store.redis.zadd(k.crondue(0), {"c": 250})
+    await store.redis.zadd(k.crondue(2), {"d": 7})
+    assert await store.first_due([0, 1, 2]) == {0: (100, 250), 1: (None, None), 2: (None, 7)}
+    assert await store.first_due([]) == {}
+
+
+async def test_requeue_puts_back_only_the_pointers_still_pending_for_the_reader(store):
+    k = store.keys
+    p = 0
+    await store.ensure_group(p)
+    first = await store.redis.xadd(k.inbox(p), {"u": "/a/1"})
+    second = await store.redis.xadd(k.inbox(p), {"u": "/a/2"})
+    assert len(await store.read_inbox([p], "w1", 10, 10)) == 2
+    # the new owner claimed the second one meanwhile: it stays where it is
+    await store.redis.xclaim(k.inbox(p), "workers", "w2", 0, [second])
+    assert await store.requeue(p, "w1", [first.decode(), second.decode()]) == 1
+    [again] = await store.read_inbox([p], "w2", 10, 10)
+    assert again.url == "/a/1" and again.entry_id != first.decode()
+    pending = await store.redis.xpending_range(k.inbox(p), "workers", "-", "+", 10)
+    assert sorted(e["consumer"] for e in pending) == [b"w2", b"w2"]
+    entries = await store.redis.xrange(k.inbox(p))
+    assert [e[0] for e in entries] == [second, again.entry_id.encode()]  # the copy replaced it
+    assert await store.requeue(p, "w1", [first.decode()]) == 0  # gone: nothing twice
+
+
+async def test_first_due_reads_infinite_scores_as_never_and_now(store):
+    k = store.keys
+    await store.redis.zadd(k.timers(0), {"never": float("inf")})
+    await store.redis.zadd(k.crondue(0), {"long ago": float("-inf")})
+    assert await store.first_due([0]) == {0: (None, 0)}
+
+
+async def test_heartbeat_writes_the_expiry_only_once_half_of_it_is_left(store):
+    k = store.keys
+    await store.heartbeat("w1", 60_000)
+    [(_, first)] = await store.redis.zrange(k.workers, 0, 0, withscores=True)
+    await store.heartbeat("w1", 60_000)  # most of it is left: nothing written
+    assert await store.redis.zscore(k.workers, "w1") == first
+    await store.redis.zadd(k.workers, {"w1": first - 40_000})  # less than half left
+    assert await store.heartbeat("w1", 60_000) == ["w1"]
+    assert await store.redis.zscore(k.workers, "w1") > first - 40_000

@@ -26,7 +26,7 @@ class LoopBug(Exception):
     """An unexpected error inside one of the worker's loops."""
 
 
-@pytest.mark.parametrize("store_call", ["due_timers", "read_inbox"])
+@pytest.mark.parametrize("store_call", ["first_due", "read_inbox"])
 async def test_a_dying_loop_stops_the_worker_and_its_lease_renewal(cluster, store_call):
     rt = await cluster.runtime(crashy.registry, run_worker=False)
     store = rt.store
@@ -64,11 +64,11 @@ async def noop(ctx):
     pass
 
 
-async def broken_timer_check(self, partitions, now_ms, limit=100):
+async def broken_timer_check(self, partitions):
     raise RuntimeError("the timer loop broke")
 
 
-Store.due_timers = broken_timer_check  # the timer loop dies once partitions are held
+Store.first_due = broken_timer_check  # the timer loop dies once partitions are held
 """
 
 
@@ -96,9 +96,9 @@ async def test_an_embedded_worker_that_dies_says_so_at_once(
     rt = await cluster.runtime(crashy.registry)
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
-        raise LoopBug("due_timers broke")
+        raise LoopBug("first_due broke")
 
-    rt.store.due_timers = broken  # type: ignore[method-assign]
+    rt.store.first_due = broken  # type: ignore[method-assign]
     assert rt.worker is not None
     await asyncio.wait_for(rt.worker.stopped.wait(), 10)
 

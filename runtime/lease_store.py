@@ -1,0 +1,101 @@
+"""The worker's idle-time commands: what it sends Redis when nothing happens.
+
+An idle worker renews its leases, heartbeats and looks for due timers. On one Redis
+node each of these is one command for every partition it holds (a script over all
+their keys), so its idle cost does not grow with the partition count; on a Redis
+Cluster a script may not span slots, so each partition's command goes to its master,
+pipelined per master (one round trip a master). See docs/design.md, "Partitions,
+leases and fencing".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+from .keys import GROUP
+from .script_runner import FIRST_DUE, RENEW, RENEW_ALL, REQUEUE, ScriptRunner
+
+
+class LeaseStore(ScriptRunner):
+    """Leases renewed, due times read and stray pointers put back, per partition each."""
+
+    async def renew_all(
+        self, leases: Sequence[tuple[int, str]], ttl_ms: int
+    ) -> list[bool | Exception]:
+        """Renew each ``(partition, token)``: whether each one was still held, in order.
+
+        One script call on one node (an error fails them all: it is one server). On a
+        cluster one RENEW per lease, sent concurrently (each goes to its master,
+        through that master's auto-pipeline), each on its own: a lease whose master
+        fails gets its exception in its place, and the others are renewed."""
+        if not leases:
+            return []
+        if self.router is None:
+            keys = [self.keys.lease(p) for p, _ in leases]
+            reply = await self._run(RENEW_ALL, keys, [ttl_ms, *(t for _, t in leases)])
+            return [bool(int(r)) for r in reply]
+
+        async def renew(partition: int, token: str) -> bool:
+            return bool(await self._run(RENEW, [self.keys.lease(partition)], [token, ttl_ms]))
+
+        results = await asyncio.gather(*(renew(p, t) for p, t in leases), return_exceptions=True)
+        out: list[bool | Exception] = []
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancelled
+            out.append(result)
+        return out
+
+    async def first_due(
+        self, partitions: Sequence[int]
+    ) -> dict[int, tuple[int | None, int | None]]:
+        """The earliest due time (ms) of each partition's timers and of its schedules,
+        ``None`` where there is none. One script call on one node; on a cluster a
+        ``ZRANGE`` of each set, pipelined per master (a partition whose master fails
+        is left out of the answer, and is read again at the next pass)."""
+        if not partitions:
+            return {}
+        k = self.keys
+        if self.router is None:
+            keys = [key for p in partitions for key in (k.timers(p), k.crondue(p))]
+            reply = await self._run(FIRST_DUE, keys, [])
+            scores = [_score(r) for r in reply]
+            return {p: (scores[2 * i], scores[2 * i + 1]) for i, p in enumerate(partitions)}
+
+        sets = {
+            (p, which): (k.timers(p), k.crondue(p))[which] for p in partitions for which in (0, 1)
+        }
+        replies = await self.router.per_node(
+            sets, lambda pipe, item: pipe.zrange(sets[item], 0, 0, withscores=True)
+        )
+        out: dict[int, tuple[int | None, int | None]] = {}
+        for p in partitions:
+            timers, crons = replies[(p, 0)], replies[(p, 1)]
+            if isinstance(timers, Exception) or isinstance(crons, Exception):
+                continue
+            out[p] = (_first(timers), _first(crons))
+        return out
+
+    async def requeue(self, partition: int, consumer: str, ids: Sequence[str]) -> int:
+        """Put back the pointers ``ids`` that ``consumer`` read of ``partition`` (which it
+        does not hold): the owner reads them as new. Returns how many were put back."""
+        if not ids:
+            return 0
+        key = self.keys.inbox(partition)
+        return int(await self._run(REQUEUE, [key], [GROUP, consumer, *ids]))
+
+
+def _score(value: object) -> int | None:
+    """A score as whole ms: ``None`` for none or ``+inf`` (never due), ``-inf`` as 0."""
+    if value in (b"", ""):
+        return None
+    score = float(value.decode() if isinstance(value, bytes) else str(value))
+    if math.isinf(score):
+        return None if score > 0 else 0
+    return int(score)
+
+
+def _first(reply: list[tuple[object, float]]) -> int | None:
+    return _score(str(reply[0][1])) if reply else None
