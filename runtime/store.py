@@ -870,11 +870,13 @@ class Store(EntityReads, ScheduleStore):
     async def bad_items(self, count: int = 100) -> list[dict[str, str]]:
         """The newest entries of every partition's dead-letter stream (see
         :meth:`quarantine`): partition, id, kind, key, item, reason, detail, worker."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.xrevrange(self.keys.bad(p), count=count)
+        streams = await self._every_partition(
+            lambda pipe, p: pipe.xrevrange(self.keys.bad(p), count=count)
+        )
         out = []
-        for p, raw in enumerate(await pipe.execute()):
+        for p, raw in enumerate(streams):
+            if isinstance(raw, Exception):
+                raise raw
             for entry_id, fields in stream_entries(raw):
                 row = {as_str(f): v.decode(errors="replace") for f, v in fields.items()}
                 out.append({"partition": str(p), "id": entry_id, **row})
