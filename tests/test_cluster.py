@@ -546,3 +546,47 @@ async def test_reads_over_every_partition_work_on_a_cluster(
     )
     assert done.returncode == 0, done.stderr
     assert rt.worker.id in done.stdout and '"unserved": []' in done.stdout
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_an_idle_wait_hears_its_entity_master_and_its_successor_after_failover(
+    local_cluster: LocalCluster, runtimes: list[Runtime]
+) -> None:
+    """A waiting client's idle channel is a shard channel subscribed on the master of
+    the entity's slot; kill -9 that master and the subscription is made again on the
+    promoted replica, where the next commit's notice is heard."""
+    from tests.apps.harness import until
+
+    recorder = Recorder()
+    rt = await Runtime(
+        recorder.registry(), settings=settings(local_cluster.url), run_worker=True
+    ).start()
+    runtimes.append(rt)
+    assert rt.store is not None and rt._notices is not None
+    keys, channels = rt.store.keys, rt.store.channels
+    url = url_in(keys, 5)
+    victim = local_cluster.node_of_slot(key_slot(keys.inbox(5).encode()))
+    replica = local_cluster.replica_of(victim)
+    channel = keys.idle_channel(url)
+    assert key_slot(channel.encode()) == key_slot(keys.meta(url).encode())
+    heard = await rt._notices.watch(channel)
+    await rt.send(url, 1)
+    await asyncio.wait_for(heard.wait(), 30)
+    with victim.client() as node:
+        assert node.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
+
+    local_cluster.kill(victim)
+    await asyncio.to_thread(local_cluster.wait_promoted, replica)
+
+    def on_replica() -> bool:
+        with replica.client() as node:
+            return bool(node.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1)
+
+    await until(lambda: asyncio.to_thread(on_replica), 30, "the SSUBSCRIBE on the replica")
+    assert channels.subscribed(channel)
+    heard.clear()
+    await rt.send(url, 2)  # once the worker holds the partition again, its commit notifies
+    await asyncio.wait_for(heard.wait(), 60)
+    await recorder.until(lambda: recorder.seen[2] == 1, 30)
+    await rt._notices.unwatch(channel, heard)
