@@ -156,7 +156,7 @@ class ShardChannels:
         """Hand each message of ``node`` to its channel's handler, until the node fails
         (its channels are then lost: see :meth:`_lose`)."""
         try:
-            while True:
+            while self._subs.get(node) is pubsub:  # not dropped (see _drop)
                 try:
                     message = await pubsub.get_message(timeout=LISTEN_S)
                 except NoPermissionError as exc:  # one SSUBSCRIBE refused; the rest stand
@@ -273,19 +273,25 @@ class ShardChannels:
         self._where = {c: n for c, n in self._where.items() if n != node}
         self._unconfirmed.pop(node, None)
         listener = self._listeners.pop(node, None)
-        if listener is not None and listener is not asyncio.current_task():
-            listener.cancel()  # and ended before its connection closes under it
-            await asyncio.wait({listener})
+        while listener is not None and listener is not asyncio.current_task():
+            # Ended before its connection closes under it. Cancelled until it ends: on
+            # Python 3.11 a wait_for inside the read whose wait completes as the cancel
+            # comes swallows that cancel (and the listener would read on forever).
+            listener.cancel()
+            done, _ = await asyncio.wait({listener}, timeout=0.05)
+            if done:
+                break
         if pubsub is not None:
             with contextlib.suppress(Exception):  # the connection is gone already
                 await pubsub.aclose()
 
     async def aclose(self) -> None:
-        await self._tasks.aclose()
-        self._listeners.clear()
         self._handlers.clear()
-        for node in list(self._subs):
-            await self._drop(node)
+        async with self._lock:
+            for node in list(self._subs):
+                await self._drop(node)  # its listener first (see there)
+        await self._tasks.aclose()  # the retry, if one waits
+        self._listeners.clear()
 
 
 def _text(value: Any) -> str:
