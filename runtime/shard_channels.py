@@ -156,7 +156,9 @@ class ShardChannels:
         """Hand each message of ``node`` to its channel's handler, until the node fails
         (its channels are then lost: see :meth:`_lose`)."""
         try:
-            while self._subs.get(node) is pubsub:  # not dropped (see _drop)
+            while True:
+                if not self._listening(node, pubsub):  # dropped (see _drop)
+                    return
                 try:
                     message = await pubsub.get_message(timeout=LISTEN_S)
                 except NoPermissionError as exc:  # one SSUBSCRIBE refused; the rest stand
@@ -172,6 +174,9 @@ class ShardChannels:
             log.warning("shard-channel subscriptions on %s interrupted: %s", node, exc)
             self._nodes.stale()
             await self._lose(node, pubsub, RESUBSCRIBE_S)
+
+    def _listening(self, node: str, pubsub: Any) -> bool:
+        return self._subs.get(node) is pubsub
 
     def _dispatch(self, node: str, message: dict[str, Any]) -> None:
         kind = message.get("type")
