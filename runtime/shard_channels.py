@@ -123,7 +123,7 @@ class ShardChannels:
             if not any(n == node for n in self._where.values()):
                 await self._drop(node)  # its last channel: close the connection
                 return
-            with contextlib.suppress(RedisError, OSError):  # gone already: nothing to undo
+            with contextlib.suppress(Exception):  # gone already: nothing to undo
                 await self._subs[node].sunsubscribe(channel)
 
     async def _place(self, channel: str) -> bool:
@@ -138,7 +138,10 @@ class ShardChannels:
             pubsub = self._subs[node] = self._nodes.client(node).pubsub()
         try:
             await pubsub.ssubscribe(channel)
-        except (RedisError, OSError) as exc:
+        # Any error: a subscription is advisory, and redis-py may raise others than
+        # RedisError from a connection another task is closing (AttributeError on its
+        # gone writer, seen after a failover): never fail the caller (the inbox reader).
+        except Exception as exc:
             log.warning("subscribing to %s on %s failed: %s", channel, node, exc)
             self._nodes.stale()
             await self._drop(node)
@@ -170,8 +173,8 @@ class ShardChannels:
         except NoPermissionError as exc:  # a refusal that names no channel
             self._report_refusal(str(exc))
             await self._lose(node, pubsub, REFUSED_RETRY_S)
-        except (RedisError, OSError) as exc:
-            log.warning("shard-channel subscriptions on %s interrupted: %s", node, exc)
+        except Exception as exc:  # as in _place: the node's channels are lost, not the listener
+            log.warning("shard-channel subscriptions on %s interrupted: %r", node, exc)
             self._nodes.stale()
             await self._lose(node, pubsub, RESUBSCRIBE_S)
 
