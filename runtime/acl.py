@@ -1,12 +1,14 @@
 """What the Redis user of a worker or a client must be allowed, and what a refusal says.
 
-Keys: everything under ``<prefix>:``. Channels: ``<prefix>:idle:*`` (a commit
-publishes there, a waiting client subscribes) and ``<prefix>:cancel:*`` (a client
-publishes there, the worker's cancel listener subscribes with that very pattern).
-Redis grants a ``PSUBSCRIBE`` only for a pattern written out in the user's channel
-rules, so ``&wk:*`` lets a worker publish but not listen for cancels: the rule
-``&wk:cancel:*`` must be there as written. The README ("Redis ACLs") has the
-``ACL SETUSER`` line.
+Keys: everything under ``<prefix>:``. Channels: everything under ``<prefix>:``, one
+rule ``&<prefix>:*``. Every channel is a shard channel named inside a partition's
+hash tag (``shard_channels.py``): ``<prefix>:{<prefix>:pN}:idle:<url>`` (a commit
+publishes there, a waiting client subscribes), ``<prefix>:{<prefix>:pN}:cancel`` (a
+client publishes there, a worker subscribes while it holds the partition) and, on a
+Redis Cluster, the inbox key itself (the doorbell: the scripts publish, the worker
+subscribes). Only exact channels are subscribed (``SSUBSCRIBE``, no pattern), so the
+rule ``&<prefix>:*`` grants them all. The README ("Redis ACLs") has the
+``ACL SETUSER`` lines.
 
 Every channel a user may lack is optional to the runtime's correctness (notices
 are advisory; a cancel request is also an input in the entity's log), so a refusal

@@ -1,15 +1,23 @@
-"""The signal that tells a wake to stop, and why.
+"""The signal that tells a wake to stop, and why; and the cancel requests that set it.
 
 It sits low in the layers because everything that runs during a wake checks
 it: the handler context, the agent loop, every tool (it is the ``signal``
 argument of ``execute``) and the worker, which sets it.
+
+``rt.cancel`` publishes ``<url>\n<reason>`` on the shard channel of the entity's
+partition (``Keyspace.cancel_channel``, in the partition's slot); a worker listens
+on the channels of the partitions it holds (:class:`CancelRequests`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Literal
+
+from .keys import Keyspace
+from .shard_channels import ShardChannels
 
 StopKind = Literal["cancel", "lease", "shutdown"]
 
@@ -76,3 +84,58 @@ class CancelSignal:
 
 def _nothing() -> None:
     return None
+
+
+class CancelRequests:
+    """The worker's cancel requests: :meth:`next` yields ``(url, reason)`` pairs.
+
+    One shard channel per held partition (``partitions()``), through the process's
+    shard-channel subscriptions. :meth:`sync` subscribes the partitions acquired and
+    drops the ones released; the inbox reader calls it before each read, so a
+    partition's channel is subscribed before any of its wakes starts, and
+    :meth:`next` at each call. :meth:`close` drops them all."""
+
+    def __init__(
+        self, channels: ShardChannels, keys: Keyspace, partitions: Callable[[], list[int]]
+    ) -> None:
+        self._channels = channels
+        self._keys = keys
+        self._partitions = partitions
+        self._held: set[int] = set()
+        self._lock = asyncio.Lock()  # the reader and the relay both sync
+        self._requests: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    def _heard(self, data: bytes | None) -> None:
+        if data is None:  # the subscription was lost: a missed cancel is in the log
+            return
+        # Anyone may publish here: text that is not UTF-8 must not end the listener.
+        url, _, reason = data.decode(errors="replace").partition("\n")
+        if url:
+            self._requests.put_nowait((url, reason))
+
+    async def sync(self) -> None:
+        """Subscribe the channels of the partitions held now, drop the others."""
+        held = set(self._partitions())
+        if held == self._held:
+            return
+        async with self._lock:
+            held = set(self._partitions())
+            for p in self._held - held:
+                await self._channels.unsubscribe(self._keys.cancel_channel(p))
+            for p in sorted(held - self._held):
+                await self._channels.subscribe(self._keys.cancel_channel(p), self._heard)
+            self._held = held
+
+    async def next(self, timeout: float) -> tuple[str, str] | None:
+        """The next cancel request, or None if none came within ``timeout`` seconds."""
+        await self.sync()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                return await self._requests.get()
+        return None
+
+    async def close(self) -> None:
+        async with self._lock:
+            for p in self._held:
+                await self._channels.unsubscribe(self._keys.cancel_channel(p))
+            self._held = set()

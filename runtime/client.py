@@ -131,7 +131,7 @@ class Runtime(
         ttl_ms = s.idempotency_ttl_s * 1000
         wait = {"replica_wait": s.replica_wait, "replica_wait_ms": s.replica_wait_ms}
         self.store = Store(self._redis, keys, idempotency_ttl_ms=ttl_ms, **wait)
-        self._notices = Notices(self._redis)
+        self._notices = Notices(self.store.channels)
         # A worker is a daemon: it waits for a Redis that is not up yet; a client fails.
         await self.store.setup(wait_for_redis=self._run_worker)
         if self._run_worker:

@@ -144,11 +144,10 @@ class EntityReads(ScriptRunner):
         return cast("bytes | None", await self.redis.get(self.keys.snap(url)))
 
     async def entity_urls(self, type_name: str) -> list[str]:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.smembers(self.keys.typeset(p, type_name))
-        members = await pipe.execute()
-        return sorted(as_str(url) for group in members for url in group)
+        members = await self._every_partition(
+            lambda pipe, p: pipe.smembers(self.keys.typeset(p, type_name))
+        )
+        return sorted(as_str(url) for group in _raised(members) for url in group)
 
     async def published_types(self) -> dict[str, bytes]:
         """Manifests the workers published: type name -> manifest JSON."""
@@ -170,10 +169,7 @@ class EntityReads(ScriptRunner):
 
     async def lease_holders(self) -> dict[int, str | None]:
         """Partition -> the worker id whose lease it is (None: no lease held)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.get(self.keys.lease(p))
-        values = await pipe.execute()
+        values = _raised(await self._every_partition(lambda pipe, p: pipe.get(self.keys.lease(p))))
         return {
             p: as_str(value).rsplit(":", 1)[0] if value else None for p, value in enumerate(values)
         }
@@ -181,15 +177,15 @@ class EntityReads(ScriptRunner):
     async def partition_counts(self) -> list[tuple[int, int, int, int]]:
         """``(partition, pointers in the inbox, of them pending, timers)`` of each
         partition (the metrics' gauges). An inbox without its group yet has none pending."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.xlen(self.keys.inbox(p))
-            pipe.xpending(self.keys.inbox(p), GROUP)
-            pipe.zcard(self.keys.timers(p))
-        replies = await pipe.execute(raise_on_error=False)
+        k = self.keys
+        inboxes, pendings, timer_counts = await asyncio.gather(
+            self._every_partition(lambda pipe, p: pipe.xlen(k.inbox(p))),
+            self._every_partition(lambda pipe, p: pipe.xpending(k.inbox(p), GROUP)),
+            self._every_partition(lambda pipe, p: pipe.zcard(k.timers(p))),
+        )
         counts = []
         for p in range(self.keys.partitions):
-            inbox, pending, timers = replies[3 * p : 3 * p + 3]
+            inbox, pending, timers = inboxes[p], pendings[p], timer_counts[p]
             pending_count = pending.get("pending", 0) if isinstance(pending, dict) else 0
             counts.append((p, _count(inbox), int(pending_count or 0), _count(timers)))
         return counts
@@ -218,10 +214,17 @@ class EntityReads(ScriptRunner):
 
         async def run(batch: list[int]) -> None:
             async with gate:
-                pipe = self.redis.pipeline(transaction=False)
-                for i in batch:
-                    stage(pipe, urls[i])
-                replies = await pipe.execute(raise_on_error=False)
+                if self.router is not None:  # on the partition's master (a batch: one slot)
+                    by_item = await self.router.per_node(
+                        {i: self.keys.meta(urls[i]) for i in batch},
+                        lambda pipe, i: stage(pipe, urls[i]),
+                    )
+                    replies = [by_item[i] for i in batch]
+                else:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for i in batch:
+                        stage(pipe, urls[i])
+                    replies = await pipe.execute(raise_on_error=False)
             for i, reply in zip(batch, replies, strict=True):
                 out[i] = reply
 
@@ -249,7 +252,8 @@ class EntityReads(ScriptRunner):
 
         def stage(pipe: Pipeline, url: str) -> None:
             keys = [k.meta(url), k.snap(url), k.log(url), k.conv(url)]
-            pipe.evalsha(LOAD.sha, len(keys), *keys, "", page)
+            sha = LOAD.sha if self.router is None else LOAD.cluster_sha
+            pipe.evalsha(sha, len(keys), *keys, "", page)
 
         out: list[Loaded] = []
         for url, reply in zip(urls, await self._pipelined(urls, stage), strict=True):
@@ -267,3 +271,11 @@ class EntityReads(ScriptRunner):
 def _count(reply: Any) -> int:
     """A count reply, or 0 for an error in its place (a missing key or group)."""
     return int(reply) if isinstance(reply, int) else 0
+
+
+def _raised(replies: list[Any]) -> list[Any]:
+    """``replies``, the first error among them raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies

@@ -52,11 +52,13 @@ key                                         what
 ``<prefix>:config``                         keyspace settings (partition count, key
                                             layout version)
 ``<prefix>:types``                          manifests published by workers (hash)
-``<prefix>:idle:<url>``                     pub/sub: the entity's commits changed its
-                                            progress (waiters re-check its status)
-``<prefix>:cancel:<url>``                   pub/sub: cancel the entity's running run
-``<prefix>:{T}:cancel``                     the same on a Redis Cluster: a shard channel
-                                            per partition (message ``<url>\n<reason>``)
+``<prefix>:{T}:idle:<url>``                shard channel: the entity's commits changed
+                                            its progress (waiters re-check its status)
+``<prefix>:{T}:cancel``                     shard channel of the partition: cancel the
+                                            running run of ``<url>`` (message
+                                            ``<url>\n<reason>``)
+``<prefix>:{T}:inbox``                     (also a shard channel: the inbox's doorbell
+                                            on a Redis Cluster, ``doorbell.py``)
 ==========================================  =========================================
 """
 
@@ -128,12 +130,9 @@ class Keyspace:
     def actions(self, url: str) -> str:
         return f"{self.tag(self.partition(url))}:actions:{url}"
 
-    def cancel_channel(self, url: str) -> str:
-        return f"{self.prefix}:cancel:{url}"
-
-    def cancel_shard(self, partition: int) -> str:
-        """On a Redis Cluster: the partition's shard channel of cancel requests
-        (``SPUBLISH``, message ``<url>\n<reason>``), in the partition's slot."""
+    def cancel_channel(self, partition: int) -> str:
+        """The partition's shard channel of cancel requests (``SPUBLISH``, message
+        ``<url>\n<reason>``), in the partition's slot."""
         return f"{self.tag(partition)}:cancel"
 
     def snap(self, url: str) -> str:
@@ -182,4 +181,10 @@ class Keyspace:
         return f"{self.tag(partition)}:bad"
 
     def idle_channel(self, url: str) -> str:
-        return f"{self.prefix}:idle:{url}"
+        """The entity's shard channel of idle notices, in its partition's slot (the
+        commit script publishes there, so the channel must hash like its keys)."""
+        return f"{self.tag(self.partition(url))}:idle:{url}"
+
+    def channels_rule(self) -> str:
+        """The ACL channel rule that grants every channel of the keyspace."""
+        return f"&{self.prefix}:*"

@@ -6,8 +6,8 @@
 * :meth:`Listeners.fire_timers` fires the due timers of the owned partitions,
   and the due occurrences of their recurring schedules (``schedule_firing.py``),
   sleeping until the earliest due time it knows of (``due_times.py``);
-* :meth:`Listeners.relay_cancels` passes ``rt.cancel`` requests (pub/sub) to
-  the wake they concern, if it runs here.
+* :meth:`Listeners.relay_cancels` passes ``rt.cancel`` requests (the held
+  partitions' shard channels) to the wake they concern, if it runs here.
 
 Each is a loop of the worker's task group: Redis being unreachable is retried
 here. A bad item (a wake pointer without its url, a malformed timer member, a
@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 
 import anyio
-from redis.exceptions import NoPermissionError
 
-from .acl import missing_right
+from .cancellation import CancelRequests
 from .config import Settings
 from .due_times import SCHEDULE, TIMER, DueTimes
 from .leases import LeaseKeeper
@@ -37,7 +36,6 @@ log = logging.getLogger("wakeful.listeners")
 FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
 TIMER_RETRY_S = 0.25  # the timer loop's next pass after Redis failed it
 MIN_TIMER_SLEEP_S = 0.005  # between two passes, at least (a timer due now fires now)
-CANCEL_RETRY_S = 30.0  # a cancel subscription Redis refused is tried again this much later
 
 
 class Listeners:
@@ -61,6 +59,7 @@ class Listeners:
         self.schedules = ScheduleFiring(store, worker_id, leases.token, fault, clock)
         self.due = DueTimes()  # when the timer loop looks next
         leases.on_change.append(self.due.changed.set)  # adopted partitions: read them
+        self.cancels = CancelRequests(store.channels, store.keys, leases.active)
         self._stop_reading = False
         self.reading_done = anyio.Event()  # set once read_inboxes returned
 
@@ -100,6 +99,7 @@ class Listeners:
                 continue
             self.runners.reading(partitions)
             try:
+                await self.cancels.sync()  # before a wake of a new partition can start
                 pointers = await self.store.read_wake_pointers(
                     partitions, self.worker_id, s.read_count, s.block_ms
                 )
@@ -249,31 +249,23 @@ class Listeners:
         await self._quarantine(BadItem(partition, "timer", key, member.encode(), reason))
 
     async def relay_cancels(self) -> None:
-        """``rt.cancel`` publishes on ``<prefix>:cancel:<url>``; stop that wake if it runs here.
-
-        The cancel request is also an input in the entity's log, so a wake that
-        starts later (or on another worker) still sees it. That is what happens, with
-        an error logged, while the Redis user may not subscribe to the cancel channels:
-        the listener tries again every :data:`CANCEL_RETRY_S` seconds."""
-        while True:
-            try:
-                async with self.store.cancel_requests(self.leases.active) as requests:
-                    while True:
-                        request = await requests.next(timeout=1.0)
-                        if request is not None:
-                            url, reason = request
-                            self.runners.cancel(url, reason or "cancelled")
-            except TRANSIENT_ERRORS as exc:
-                log.warning("worker %s: cancel listener reconnecting: %s", self.worker_id, exc)
-                await anyio.sleep(0.5)
-            except NoPermissionError:
-                pattern = self.store.keys.cancel_channel("*")
-                log.error(
-                    "worker %s: %s, as written (a PSUBSCRIBE pattern is granted only by that "
-                    "very rule). Until then a cancel stops a run at its next wake, not at "
-                    "once; trying again in %.0f s",
-                    self.worker_id,
-                    missing_right(f"&{pattern}", f"subscribe to {pattern}"),
-                    CANCEL_RETRY_S,
-                )
-                await anyio.sleep(CANCEL_RETRY_S)
+        """``rt.cancel`` publishes on the shard channel of the entity's partition; stop
+        that wake if it runs here. The channels of the held partitions are subscribed
+        (``cancellation.CancelRequests``); a subscription Redis refused or lost is made
+        again by the process's shard-channel subscriptions (``shard_channels.py``), which
+        log a refusal with the rule to add. The cancel request is also an input in the
+        entity's log, so a wake that starts later (or on another worker) still sees it."""
+        try:
+            while True:
+                try:
+                    request = await self.cancels.next(timeout=1.0)
+                except TRANSIENT_ERRORS as exc:  # not expected: the subscriptions retry
+                    log.warning("worker %s: cancel requests: %s", self.worker_id, exc)
+                    await anyio.sleep(0.5)
+                    continue
+                if request is not None:
+                    url, reason = request
+                    self.runners.cancel(url, reason or "cancelled")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.cancels.close()

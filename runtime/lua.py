@@ -12,8 +12,9 @@ fresh pointer if the entity still has work (input after the cursor, or
 undelivered effects). So a burst of messages to one entity costs one wake, and
 no input is ever left without a pointer.
 
-Notices (PUBLISH on an entity's idle channel) are advisory: waiters re-check the
-status every quarter second anyway. A Redis user without the right to publish
+Notices (SPUBLISH on an entity's idle channel, a shard channel in the partition's
+slot: see ``shard_channels.py``) are advisory: waiters re-check the status every
+quarter second anyway. A Redis user without the right to publish
 there must not make a script fail after its writes (Lua has no rollback), so
 every notice goes through the one helper ``notify``, the script's last step,
 which uses ``redis.pcall`` and reports a refusal in the script's reply instead.
@@ -35,11 +36,13 @@ end
 """
 
 # The one way a script publishes: last, after every write, and never failing the script.
-# A refused PUBLISH (the Redis user lacks the channel right) comes back as false, and the
-# script says so in its reply; the writes before it stand.
+# A shard channel (SPUBLISH, Redis 7.0+) named in the script's slot, so on a cluster the
+# notice stays on the partition's master. A refused SPUBLISH (the Redis user lacks the
+# channel right) comes back as false, and the script says so in its reply; the writes
+# before it stand.
 _NOTIFY = """
 local function notify(channel, message)
-  local reply = redis.pcall('PUBLISH', channel, message)
+  local reply = redis.pcall('SPUBLISH', channel, message)
   return not (type(reply) == 'table' and reply.err)
 end
 """

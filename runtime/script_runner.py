@@ -20,7 +20,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import lua
 from .batching import AutoPipeline, Stage
@@ -217,6 +219,24 @@ class ScriptRunner:
         if errors and len(errors) == len(partitions):
             raise errors[0]
         return [[] if isinstance(replies[p], Exception) else replies[p] for p in partitions]
+
+    async def _every_partition(self, stage: Callable[[Pipeline, int], Any]) -> list[Any]:
+        """One command per partition of the keyspace (``stage(pipe, partition)``), the
+        replies in partition order: one pipeline, or on a cluster one per master (the
+        masters in parallel; never a command over two slots). An error reply stays in
+        its place, as the exception; a node that fails raises (a listing must not
+        pass a failed master's partitions off as empty)."""
+        partitions = list(range(self.keys.partitions))
+        if self.router is None:
+            pipe = self.redis.pipeline(transaction=False)
+            for p in partitions:
+                stage(pipe, p)
+            return await pipe.execute(raise_on_error=False)
+        replies = await self.router.per_node({p: self.keys.slot_key(p) for p in partitions}, stage)
+        for reply in replies.values():
+            if isinstance(reply, RedisConnectionError | RedisTimeoutError | OSError):
+                raise reply
+        return [replies[p] for p in partitions]
 
     async def _reload(self, key: str) -> None:
         """After ``NOSCRIPT``: a restarted Redis, or a replica promoted in a failover."""

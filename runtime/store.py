@@ -11,10 +11,9 @@ subscribed in ``notices.py``). The data path is: client ->
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -51,7 +50,6 @@ from .errors import (
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .lease_store import LeaseStore
 from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
-from .routing import Router
 from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
@@ -73,6 +71,7 @@ from .script_runner import (
     WAKES,
     Script,
 )
+from .shard_channels import OneNode, ShardChannels
 
 __all__ = [  # the scripts too, for tests that run them one by one
     "ACQUIRE",
@@ -134,7 +133,6 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
-CANCEL_POLL_S = 0.01  # on a cluster, the cancel subscriptions are looked at this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +274,11 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
         self._read_failures = Refusals(log, logging.WARNING)
-        self._doorbell = Doorbell(self.router, keys) if self.router is not None else None
+        # The process's shard-channel subscriptions: the doorbell (on a cluster), the
+        # worker's cancel requests, a client's idle notices (shard_channels.py).
+        nodes = self.router if self.router is not None else OneNode(redis)
+        self.channels = ShardChannels(nodes, keys.channels_rule())
+        self._doorbell = Doorbell(self.channels, keys) if self.router is not None else None
 
     # -- setup ---------------------------------------------------------------
 
@@ -335,8 +337,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             )
 
     async def close_routes(self) -> None:
-        if self._doorbell is not None:
-            await self._doorbell.aclose()
+        await self.channels.aclose()
         await super().close_routes()
 
     async def eviction_policy(self) -> str | None:
@@ -408,21 +409,18 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         return SendResult(event_id, created_id, code == 1)
 
     async def publish_cancel(self, url: str, reason: str) -> None:
-        """Tell the worker running ``url`` (if any) to stop its run now. A Redis user
-        without the right to is logged, not raised: the cancel request is in the log.
-        On a cluster: on the partition's shard channel (see :class:`ShardedCancels`)."""
+        """Tell the worker running ``url`` (if any) to stop its run now, on the shard
+        channel of its partition (``cancellation.CancelRequests``). A Redis user without
+        the right to is logged, not raised: the cancel request is in the log."""
+        channel = self.keys.cancel_channel(self.keys.partition(url))
+        message = f"{url}\n{reason}"
         try:
-            if self.router is not None:
-                channel = self.keys.cancel_shard(self.keys.partition(url))
-                message = f"{url}\n{reason}"
-                await self._in_slot(
-                    channel, lambda pipe: pipe.execute_command("SPUBLISH", channel, message)
-                )
-                return
-            await self.redis.publish(self.keys.cancel_channel(url), reason)
+            await self._in_slot(
+                channel, lambda pipe: pipe.execute_command("SPUBLISH", channel, message)
+            )
         except NoPermissionError:
             refused = missing_right(
-                f"&{self.keys.cancel_channel('*')}", f"publish the cancel request of {url}"
+                self.keys.channels_rule(), f"publish the cancel request of {url}"
             )
             self._refused_cancels.report(
                 f"{refused}; the run is cancelled when a worker next reads its inputs"
@@ -544,9 +542,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     def _notice_refused(self, url: str, what: str) -> None:
         """A script applied its writes but Redis refused its idle notice (see ``notify``
         in lua.py): say what to grant; waiters still see the change when they re-check."""
-        refused = missing_right(
-            f"&{self.keys.idle_channel('*')}", f"publish the idle notice of {url}"
-        )
+        refused = missing_right(self.keys.channels_rule(), f"publish the idle notice of {url}")
         self._refused_notices.report(
             f"{refused}; the {what} is applied, and waiting clients see it when they next "
             "re-check (within a quarter second) instead of at once"
@@ -957,137 +953,14 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     async def bad_items(self, count: int = 100) -> list[dict[str, str]]:
         """The newest entries of every partition's dead-letter stream (see
         :meth:`quarantine`): partition, id, kind, key, item, reason, detail, worker."""
-        pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.keys.partitions):
-            pipe.xrevrange(self.keys.bad(p), count=count)
+        streams = await self._every_partition(
+            lambda pipe, p: pipe.xrevrange(self.keys.bad(p), count=count)
+        )
         out = []
-        for p, raw in enumerate(await pipe.execute()):
+        for p, raw in enumerate(streams):
+            if isinstance(raw, Exception):
+                raise raw
             for entry_id, fields in stream_entries(raw):
                 row = {as_str(f): v.decode(errors="replace") for f, v in fields.items()}
                 out.append({"partition": str(p), "id": entry_id, **row})
         return out
-
-    def cancel_requests(
-        self, partitions: Callable[[], list[int]] = list
-    ) -> CancelRequests | ShardedCancels:
-        """A subscription to every entity's cancel channel (``rt.cancel`` publishes there);
-        use it as ``async with store.cancel_requests() as requests``. On a cluster: to
-        the shard channels of ``partitions()`` (the held ones), kept up to date."""
-        if self.router is not None:
-            return ShardedCancels(self.router, self.keys, partitions)
-        return CancelRequests(self.redis.pubsub(), self.keys.cancel_channel(""))
-
-
-class CancelRequests:
-    """The worker's cancel subscription: :meth:`next` yields ``(url, reason)`` pairs."""
-
-    def __init__(self, pubsub: Any, prefix: str) -> None:
-        self._pubsub = pubsub
-        self._prefix = prefix
-
-    async def __aenter__(self) -> CancelRequests:
-        try:
-            await self._pubsub.psubscribe(self._prefix + "*")
-        except BaseException:
-            await self.__aexit__()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            await self._pubsub.aclose()
-        except Exception:  # the connection is gone already: nothing to close
-            return
-
-    async def next(self, timeout: float) -> tuple[str, str] | None:
-        """The next cancel request, or None if none came within ``timeout`` seconds."""
-        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-        if message is None or message.get("type") != "pmessage":
-            return None
-        # Anyone may publish here: text that is not UTF-8 must not end the listener.
-        channel, data = message["channel"], message["data"]
-        url = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
-        reason = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        return url[len(self._prefix) :], reason
-
-
-class ShardedCancels:
-    """The worker's cancel subscription on a Redis Cluster: one shard channel per held
-    partition (``SSUBSCRIBE``, in the partition's slot, so on its master: a cancel is
-    not broadcast over the cluster bus), on one pub/sub connection per master.
-    Subscribed when a partition is held and dropped when it is not (each :meth:`next`
-    brings the subscriptions up to date); a node that fails loses only its partitions'
-    subscriptions, which are made again on the node that serves them next."""
-
-    def __init__(self, router: Router, keys: Keyspace, partitions: Callable[[], list[int]]):
-        self._router = router
-        self._keys = keys
-        self._partitions = partitions
-        self._subs: dict[str, Any] = {}  # node -> its pub/sub
-        self._where: dict[int, str] = {}  # partition -> the node it is subscribed on
-        self._wanted: set[int] | None = None  # the partitions of the last sync
-        self._synced = 0.0  # time.monotonic() of the last sync
-
-    async def __aenter__(self) -> ShardedCancels:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for node in list(self._subs):
-            await self._drop(node)
-
-    async def _drop(self, node: str) -> None:
-        pubsub = self._subs.pop(node, None)
-        self._where = {p: n for p, n in self._where.items() if n != node}
-        if pubsub is not None:
-            with contextlib.suppress(Exception):  # the connection is gone already
-                await pubsub.aclose()
-
-    async def _sync(self) -> None:
-        wanted = set(self._partitions())
-        for p, node in list(self._where.items()):
-            channel = self._keys.cancel_shard(p)
-            if p not in wanted or await self._router.node_of(channel) != node:
-                self._where.pop(p)
-                with contextlib.suppress(Exception):
-                    await self._subs[node].execute_command("SUNSUBSCRIBE", channel)
-        for p in sorted(wanted - self._where.keys()):
-            channel = self._keys.cancel_shard(p)
-            node = await self._router.node_of(channel)
-            pubsub = self._subs.get(node)
-            if pubsub is None:
-                pubsub = self._subs[node] = self._router.client(node).pubsub()
-            try:
-                await pubsub.ssubscribe(channel)
-            except TRANSIENT_ERRORS as exc:
-                log.warning("subscribing to the cancel requests of partition %d failed: %s", p, exc)
-                self._router.stale()
-                await self._drop(node)
-                continue
-            self._where[p] = node
-
-    async def next(self, timeout: float) -> tuple[str, str] | None:
-        """The next cancel request, or None if none came within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            wanted = set(self._partitions())
-            if wanted != self._wanted or (  # acquired or released one; or a retry is due
-                wanted != self._where.keys() and time.monotonic() - self._synced >= 0.5
-            ):
-                self._wanted, self._synced = wanted, time.monotonic()
-                await self._sync()
-            for node, pubsub in list(self._subs.items()):
-                try:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
-                except TRANSIENT_ERRORS as exc:
-                    log.warning("cancel requests from %s interrupted: %s", node, exc)
-                    self._router.stale()
-                    await self._drop(node)
-                    continue
-                if message is not None and message.get("type") == "smessage":
-                    data = message["data"]
-                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-                    url, _, reason = text.partition("\n")
-                    return url, reason
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(CANCEL_POLL_S)

@@ -271,10 +271,8 @@ async def test_a_cancel_request_that_is_not_utf8_does_not_stop_the_cancel_relay(
     keys, url = rt.store.keys, url_in(rt, 1)
 
     async def delivered() -> bool:  # once the worker's subscription is listening
-        if cluster.backend == "cluster":  # the partition's shard channel
-            channel = keys.cancel_shard(keys.partition(url))
-            return bool(await rt.store.redis.execute_command("SPUBLISH", channel, b"\xff\xfe"))
-        return bool(await rt.store.redis.publish(keys.cancel_channel(url), b"\xff\xfe"))
+        channel = keys.cancel_channel(keys.partition(url))  # the partition's shard channel
+        return bool(await rt.store.redis.execute_command("SPUBLISH", channel, b"\xff\xfe"))
 
     await until(delivered, 10, "the worker's cancel listener to get the request")
     await served(rt, url_in(rt, 1), "still served", seen)

@@ -471,3 +471,122 @@ def test_the_cli_exits_6_on_a_cluster_failing_over(
     assert cli.main(["inspect", "/echo/x"]) == 6
     stderr = capsys.readouterr().err
     assert "Traceback" not in stderr and "error:" in stderr
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_reads_over_every_partition_work_on_a_cluster(
+    local_cluster: LocalCluster, runtimes: list[Runtime]
+) -> None:
+    """The reads that span partitions (so slots and masters) go one pipeline per master,
+    never CROSSSLOT: ``rt.workers()`` and partition owners (lease holders), the metrics'
+    partition counts, the dead-letter streams, ``rt.list``, ``rt.statuses``,
+    ``rt.states``, the console's listing and ``wakeful workers``."""
+    import httpx
+
+    from tests.apps.harness import until
+    from wakeful.gateway import create_app
+    from wakeful.health import keyspace_view
+
+    recorder = Recorder()
+    rt = await Runtime(
+        recorder.registry(), settings=settings(local_cluster.url), run_worker=True
+    ).start()
+    runtimes.append(rt)
+    assert rt.store is not None and rt.worker is not None
+    keys = rt.store.keys
+    urls = [url_in(keys, p) for p in range(16)]
+    for i, url in enumerate(urls):
+        await rt.send(url, i)
+    await rt.wait_all_idle(timeout=60)
+    assert sorted(await rt.list("echo")) == sorted(urls)
+    statuses = await rt.statuses(urls)
+    assert {url: s.status if s else None for url, s in statuses.items()} == dict.fromkeys(
+        urls, "idle"
+    )
+    states = await rt.states(urls)
+    assert set(states) == set(urls) and all(state is not None for state in states.values())
+    # lease holders, through rt.workers() and the partition owners
+    [listed] = await rt.workers()
+    assert listed.id == rt.worker.id and listed.partitions == list(range(16))
+    assert set((await rt.partition_owners()).values()) == {rt.worker.id}
+    # partition counts (the metrics' gauges)
+    view = await keyspace_view(rt)
+    assert [p.partition for p in view.partitions] == list(range(16))
+    # the dead-letter streams of partitions on two masters
+    far = next(
+        p
+        for p in range(16)
+        if local_cluster.node_of_slot(key_slot(keys.inbox(p).encode())).port
+        != local_cluster.node_of_slot(key_slot(keys.inbox(0).encode())).port
+    )
+    for p in (0, far):
+        await rt.store.redis.xadd(keys.inbox(p), {"x": "no url"})
+
+    async def both_moved_aside() -> list[dict[str, str]] | None:
+        items = await rt.bad_items()
+        return items if {i["partition"] for i in items} == {"0", str(far)} else None
+
+    items = await until(both_moved_aside, 30, "both bad pointers moved aside")
+    assert {i["kind"] for i in items} == {"pointer"}
+    # the console's listing (its rows are bulk reads)
+    transport = httpx.ASGITransport(create_app(rt))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        listing = (await http.get("/entities?limit=100")).json()
+    assert sorted(row["url"] for row in listing["entities"]) == sorted(urls)
+    # ``wakeful workers`` (a process of its own, a client of the cluster)
+    env = {**os.environ, "WAKEFUL_REDIS_URL": local_cluster.url, "WAKEFUL_PREFIX": "wkc"}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "wakeful.cli", "workers", "--json"],
+        env={**env, "WAKEFUL_PARTITIONS": "16"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert rt.worker.id in done.stdout and '"unserved": []' in done.stdout
+
+
+@pytest.mark.cluster
+@needs_cluster
+async def test_an_idle_wait_hears_its_entity_master_and_its_successor_after_failover(
+    local_cluster: LocalCluster, runtimes: list[Runtime]
+) -> None:
+    """A waiting client's idle channel is a shard channel subscribed on the master of
+    the entity's slot; kill -9 that master and the subscription is made again on the
+    promoted replica, where the next commit's notice is heard."""
+    from tests.apps.harness import until
+
+    recorder = Recorder()
+    rt = await Runtime(
+        recorder.registry(), settings=settings(local_cluster.url), run_worker=True
+    ).start()
+    runtimes.append(rt)
+    assert rt.store is not None and rt._notices is not None
+    keys, channels = rt.store.keys, rt.store.channels
+    url = url_in(keys, 5)
+    victim = local_cluster.node_of_slot(key_slot(keys.inbox(5).encode()))
+    replica = local_cluster.replica_of(victim)
+    channel = keys.idle_channel(url)
+    assert key_slot(channel.encode()) == key_slot(keys.meta(url).encode())
+    heard = await rt._notices.watch(channel)
+    await rt.send(url, 1)
+    await asyncio.wait_for(heard.wait(), 30)
+    with victim.client() as node:
+        assert node.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
+
+    local_cluster.kill(victim)
+    await asyncio.to_thread(local_cluster.wait_promoted, replica)
+
+    def on_replica() -> bool:
+        with replica.client() as node:
+            return bool(node.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1)
+
+    await until(lambda: asyncio.to_thread(on_replica), 30, "the SSUBSCRIBE on the replica")
+    assert channels.subscribed(channel)
+    heard.clear()
+    await rt.send(url, 2)  # once the worker holds the partition again, its commit notifies
+    await asyncio.wait_for(heard.wait(), 60)
+    await recorder.until(lambda: recorder.seen[2] == 1, 30)
+    await rt._notices.unwatch(channel, heard)

@@ -280,7 +280,7 @@ async def test_a_commit_without_a_snapshot_leaves_the_snapshot_alone(store):
 async def test_a_commit_that_changes_the_entity_publishes_its_cursor(store):
     created, [m1], pointer, token = await woken(store)
     pubsub = store.redis.pubsub()
-    await pubsub.subscribe(store.keys.idle_channel(URL))
+    await pubsub.ssubscribe(store.keys.idle_channel(URL))
     try:
         await store.commit(URL, token, events=[("e", b"E")], created=created)  # no change
         await store.commit(URL, token, cursor=m1, acks=[pointer], created=created)
@@ -453,7 +453,7 @@ async def test_delete_of_the_last_entity_of_a_type_leaves_no_type_set(store):
 async def test_delete_publishes_deleted_on_the_entity_channel(store):
     created, _, pointer, token = await woken(store)
     pubsub = store.redis.pubsub()
-    await pubsub.subscribe(store.keys.idle_channel(URL))
+    await pubsub.ssubscribe(store.keys.idle_channel(URL))
     try:
         assert await store.delete(URL, token, created, [pointer]) is True
         assert await next_message(pubsub) == b"deleted"
