@@ -561,11 +561,8 @@ async def _until_interrupted(caplog: pytest.LogCaptureFixture, url: str) -> None
 # --- commits per step ---------------------------------------------------------------
 
 
-async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
-    """A step is committed with its calls' intents (the first step with the user turn
-    too), the last step with the run's end and the wake: a run of two tool steps and an
-    answer is five commits (one per step with its intent, one per result, one for the
-    answer)."""
+def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The url of every ``Store.commit`` from now on, in order."""
     from wakeful.store import Store
 
     commits: list[str] = []
@@ -576,6 +573,15 @@ async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
         return await original(store, url, token, **kwargs)
 
     monkeypatch.setattr(Store, "commit", counting)
+    return commits
+
+
+async def test_a_step_costs_at_most_two_commits(cluster, monkeypatch):
+    """A step is committed with its calls' intents (the first step with the user turn
+    too), the last step with the run's end and the wake: a run of two tool steps and an
+    answer is five commits (one per step with its intent, one per result, one for the
+    answer)."""
+    commits = count_commits(monkeypatch)
 
     def respond(request: ModelRequest) -> ModelResponse:
         steps = sum(1 for m in request.messages if m["role"] == "assistant")
@@ -595,16 +601,7 @@ async def test_a_run_that_answers_at_once_is_one_commit(cluster, monkeypatch):
     """The user turn is not a commit point of its own: a run whose first step answers
     is committed once, with the wake (its user turn, step and end), and a crash before
     that commit takes the input again (``crash_at_every_flush`` covers ``wake:*``)."""
-    from wakeful.store import Store
-
-    commits: list[str] = []
-    original = Store.commit
-
-    async def counting(store: Store, url: str, token: str, **kwargs: Any) -> list[str]:
-        commits.append(url)
-        return await original(store, url, token, **kwargs)
-
-    monkeypatch.setattr(Store, "commit", counting)
+    commits = count_commits(monkeypatch)
     rt = await cluster.runtime(adding_app(ScriptedModel(["One.", "Two."]), []))
     assert await rt.ask("/bot/once", "first") == "One."
     assert await rt.ask("/bot/once", "second") == "Two."
