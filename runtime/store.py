@@ -274,6 +274,9 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
         self._read_failures = Refusals(log, logging.WARNING)
+        # Whether the last inbox read found pointers: only then is the next read tried
+        # with WAKES first (read_inbox).
+        self._inbox_busy = True
         # The process's shard-channel subscriptions: the doorbell (on a cluster), the
         # worker's cancel requests, a client's idle notices (shard_channels.py).
         nodes = self.router if self.router is not None else OneNode(redis)
@@ -771,12 +774,15 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
 
         On one Redis the pointers that are there already come with their entities'
         metadata and log tails (the WAKES script: the read and the wakes' loads in one
-        round trip); only when there are none does it block, with a plain XREADGROUP."""
+        round trip); only when there are none does it block, with a plain XREADGROUP.
+        The WAKES read is tried only after a read that found pointers: an idle worker
+        only blocks (one command per block), since WAKES is a script call per partition."""
         if self.router is not None:
             return await self._read_inboxes_by_node(partitions, consumer, count, block_ms)
-        preloaded = await self._read_preloaded(partitions, consumer, count)
-        if preloaded:
-            return preloaded
+        if self._inbox_busy:
+            preloaded = await self._read_preloaded(partitions, consumer, count)
+            if preloaded:
+                return preloaded
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
         reply = cast(
             "list[list[Any]] | None",
@@ -784,6 +790,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                 GROUP, consumer, streams, count=count, block=block_ms_for(self.redis, block_ms)
             ),
         )
+        self._inbox_busy = bool(reply)
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
             _pointer(self.keys, by_key[as_str(stream)], entry_id, fields)

@@ -164,3 +164,38 @@ async def test_a_wake_given_up_while_its_lease_was_invalid_runs_once_the_lease_i
     await rt.send(url, "add once")
     assert (await rt.wait_idle(url, timeout=20)).status == "idle"
     assert invalidated and await note_texts(rt, url) == ["once"]
+
+
+async def test_an_idle_reader_only_blocks(cluster, monkeypatch):
+    """The WAKES read (a script call per partition) is tried only after a read that found
+    pointers: an idle worker's reader sends one blocking XREADGROUP per block, and
+    nothing per partition (``Store.read_inbox``)."""
+    from wakeful.store import Store
+
+    reads: list[str] = []
+    watch: dict[str, Any] = {}  # from: where the idle reads start; enough: set at six
+    read_inbox, read_preloaded = Store.read_inbox, Store._read_preloaded
+
+    async def counted_read(self: Store, *args: Any) -> Any:
+        reads.append("read")
+        if "from" in watch and reads[watch["from"] :].count("read") >= 6:
+            watch["enough"].set()
+        return await read_inbox(self, *args)
+
+    async def counted_preloaded(self: Store, *args: Any) -> Any:
+        reads.append("wakes")
+        return await read_preloaded(self, *args)
+
+    monkeypatch.setattr(Store, "read_inbox", counted_read)
+    monkeypatch.setattr(Store, "_read_preloaded", counted_preloaded)
+    fired: list[int] = []
+    rt = await cluster.runtime(alarm_registry(fired, asyncio.Event()), **NO_POLL)
+    await rt.send("/alarm/quiet", "hello")
+    await rt.wait_idle("/alarm/quiet")
+    watch["enough"] = asyncio.Event()
+    watch["from"] = start = len(reads)
+    await asyncio.wait_for(watch["enough"].wait(), 30)  # six reads, each a block
+    idle = reads[start:]
+    assert idle.count("wakes") <= 1, idle  # at most the one after the last busy read
+    await rt.send("/alarm/quiet", "again")  # and a pointer is still read at once
+    await rt.wait_idle("/alarm/quiet")
