@@ -26,7 +26,7 @@ from .events import ActionRequested, LogRecord, RunFinished, TrimmedRecord, Unde
 from .live import LiveRecord
 from .notices import Notices
 from .status import EntityStatus
-from .store import Store
+from .store import TRANSIENT_ERRORS, Store
 from .tasks import all_of
 
 T = TypeVar("T")
@@ -64,15 +64,27 @@ class IdleWaiting:
     ) -> T | None:
         """``check()`` until it gives a value: at once, on every notice on the entity's
         idle channel (its commits and its deletion publish there) and every quarter
-        second regardless. None if ``timeout`` seconds pass first (after a last check)."""
+        second regardless. None if ``timeout`` seconds pass first (after a last check).
+
+        A check that fails on a lost connection (a pooled connection from before a Redis
+        restart, a failover) is a check that found nothing yet: the wait goes on, and
+        only if no check ever got an answer is the last such error raised."""
         deadline = time.monotonic() + timeout
         channel = self._store.keys.idle_channel(url)
         assert self._notices is not None
         notice = await self._notices.watch(channel)
+        answered = False
         try:
             while True:
                 notice.clear()
-                result = await check()
+                try:
+                    result = await check()
+                except TRANSIENT_ERRORS:
+                    if not answered and time.monotonic() >= deadline:
+                        raise
+                    result = None
+                else:
+                    answered = True
                 if result is not None:
                     return result
                 remaining = deadline - time.monotonic()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -548,3 +549,32 @@ async def test_event_streams_are_capped_and_the_worker_keeps_its_leases(server_u
                 return False
 
             await until(reopened, 30, "a closed stream's place to be free again")
+
+
+async def test_a_wait_goes_on_through_a_lost_connection(cluster, monkeypatch):
+    """A status read that fails on a lost connection (a pooled connection from before a
+    Redis restart) is a check that found nothing yet: ``wait_idle`` (and so ``ask``)
+    waits on instead of raising redis-py's ConnectionError at the caller."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    reg = Registry()
+
+    @reg.entity("echo")
+    async def echo(ctx: Any) -> None:
+        for _m in ctx.wake.messages:
+            pass
+
+    rt = await cluster.runtime(reg)
+    status = rt.status
+    failures: list[str] = []
+
+    async def flaky_status(url: str, **kwargs: Any) -> Any:
+        if len(failures) < 2:
+            failures.append(url)
+            raise RedisConnectionError("Connection closed by server.")
+        return await status(url, **kwargs)
+
+    monkeypatch.setattr(rt, "status", flaky_status)
+    await rt.send("/echo/e", "hello")
+    assert (await rt.wait_idle("/echo/e", timeout=20)).status == "idle"
+    assert failures == ["/echo/e", "/echo/e"]

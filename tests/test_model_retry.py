@@ -86,7 +86,12 @@ async def test_the_wait_holds_no_worker_and_the_entity_takes_messages_and_cancel
 
     [wait] = await until(waiting, 20, "the run waits out the 529")
     assert wait.due_ms - wait.since_ms == 30_000
-    status = await rt.status("/bot/b")
+
+    async def waiting_status() -> Any:  # the wait is a flush; the wake's own commit follows
+        status = await rt.status("/bot/b")
+        return status if status.status == "waiting" else None
+
+    status = await until(waiting_status, 20, "the wake's commit after the wait")
     assert status.timers == 1  # the durable timer of the retry
     assert status.status == "waiting"  # on its timer, no input left to handle
     assert await events_of(rt, "/bot/b", RunFinished) == []  # the run is open, suspended
