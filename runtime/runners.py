@@ -292,6 +292,11 @@ class Runners:
                         await self._activate(ticket)
                 finally:
                     self._touched.add(url)
+                if runner.cancels.signal.kind == "lease":
+                    # Stopped on a lapsed lease, the wake gave its pointers up
+                    # unacknowledged. If the lease is renewed rather than taken over (it
+                    # lapsed here only), no acquisition claims them: sweep them here.
+                    self._stranded.add(runner.partition)
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)
