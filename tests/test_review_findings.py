@@ -53,3 +53,52 @@ async def test_REVIEW_mark_and_ack_both_postponed_strand_the_senders_pointer(
         meta = await rt.store.meta(SENDER)
         pytest.fail(f"the sender never woke again for its second message (meta {meta})")
     assert (await rt.wait_idle(TARGET)).status == "idle"
+
+
+async def test_REVIEW_a_cancel_heard_after_the_preloading_read_reaches_the_wake():
+    """REVIEW FINDING 2: with a preload the wake's log is the one read at inbox-read
+    time, not at its load. A cancel written after that read (not in the preload) whose
+    notice comes before the wake arms its signal (here: while the wake waits for a
+    slot) goes to the slot's old signal, and arm() replaces it: this wake never sees
+    it, neither as an input nor as a signal, and runs to its end (an agent run the
+    client cancelled keeps calling the model and tools). Before the warm path the log
+    was read inside the activation, right before arm."""
+    from wakeful.cache import WarmCache
+    from wakeful.config import Settings
+    from wakeful.runners import Runners
+    from wakeful.store import Loaded, Pointer, Preloaded
+    from wakeful.ticket import WakeTicket
+
+    preload = Preloaded(Loaded({}, None, None, []), truncated=False)
+    gate = asyncio.Event()
+    outcome: dict[str, object] = {}
+
+    async def activate(ticket: WakeTicket) -> None:
+        if ticket.url == "/a/busy":
+            await gate.wait()  # holds the only slot
+        else:  # what the pipeline does right before the handler
+            outcome["preload used"] = ticket.preload is not None
+            outcome["signal cancelled"] = ticket.cancels.arm().cancelled
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    stats = {"commits_fenced": 0}
+    cache = WarmCache(10, lambda url: None)
+    settings = Settings(max_concurrency=1)
+    runners = Runners(settings, "w", cache, stats, lambda p: "t1", activate, crashed)
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        runners.schedule(Pointer(0, "1-0", "/a/busy"))
+        await asyncio.sleep(0.01)
+        runners.reading([0])  # the read is sent: the preload is read now
+        runners.schedule(Pointer(0, "2-0", "/a/x", preload))
+        await asyncio.sleep(0.01)  # /a/x waits for the slot
+        runners.cancel("/a/x", "stop")  # rt.cancel: its input is after the preload
+        gate.set()
+        await runners.idle.wait()
+        runners.close()
+    # The wake either loads (and sees the cancel input) or keeps the cancel signal.
+    assert not outcome["preload used"] or outcome["signal cancelled"], outcome
