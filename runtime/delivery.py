@@ -89,7 +89,12 @@ class Delivery:
         to the next owner's sweep)."""
         try:
             await commit(self.store, ticket, ack=True)
-        except _POSTPONED as exc:
+        except TRANSIENT_ERRORS:
+            # The lease is still held: left pending here, the pointer would never be
+            # swept (meta.woke stays set, so no send points again). The runner keeps it
+            # and tries the wake again (which delivers the outbox again, then acks).
+            raise
+        except _POSTPONED as exc:  # fenced or gone: the next owner's claim takes it
             log.warning("acknowledging the wake of %s postponed: %s", ticket.url, exc)
 
     async def pending(self, ticket: WakeTicket, out_done: str) -> None:

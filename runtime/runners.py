@@ -185,8 +185,12 @@ class Runners:
 
     def cancel(self, url: str, reason: str) -> None:
         """A client cancelled ``url``'s run: tell its wake, if it runs here."""
+        # A preload read before this request lacks its input, and the signal set now is
+        # replaced when the wake arms its own: the wake must load (and see the input).
+        self._touched.add(url)
         runner = self._runners.get(url)
         if runner is not None:
+            runner.preload = None
             runner.cancels.signal.cancel(reason, kind="cancel")
 
     def backlog(self) -> int:
@@ -266,9 +270,10 @@ class Runners:
     async def _attempt(self, runner: Runner, pointer_ids: list[str]) -> None:
         """One activation of ``runner``'s entity; decides what happens to the pointers."""
         url = runner.url
-        preload, runner.preload = runner.preload, None
         try:
             async with self._slots:
+                # Taken once the slot is held: a cancel heard while waiting drops it.
+                preload, runner.preload = runner.preload, None
                 token = self._token(runner.partition)
                 if token is None:
                     runner.pointer_ids[:0] = pointer_ids  # pending, untracked when it ends
