@@ -262,6 +262,9 @@ class Runners:
         finally:
             if runner.pointer_ids:  # left pending: the lease keeper sweeps them later
                 self._stranded.add(runner.partition)
+            # Parking a crashed wake commits after the attempt's own mark: a read sent
+            # before it must not bring back what it replaced.
+            self._touched.add(runner.url)
             self.untrack(runner.partition, runner.pointer_ids)
             self._runners.pop(runner.url, None)
             if not self._runners:

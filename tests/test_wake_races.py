@@ -1,6 +1,6 @@
-"""REVIEW FINDINGS (branch `review`): tests that show defects found in the review of
-cbe8e2f..main. A failing test here shows a defect; it is not a regression of this
-branch's own code."""
+"""Races of the warm path and the outbox's acknowledgement, found by a review: a
+postponed delivery whose acknowledgement fails too must not strand the sender's
+pointer, and a cancel heard after the preloading read must reach the wake."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from wakeful import delivery
 pytestmark = pytest.mark.anyio
 
 
-async def test_REVIEW_mark_and_ack_both_postponed_strand_the_senders_pointer(
+async def test_a_postponed_mark_whose_ack_fails_too_does_not_strand_the_pointer(
     cluster, monkeypatch
 ):
-    """REVIEW FINDING 1: a wake's final commit with an outbox leaves its pointer
+    """A wake's final commit with an outbox leaves its pointer
     unacknowledged for the delivery's mark. If the mark fails (a Redis blip) and the
     ack of _ack_postponed fails too (the same blip), the pointer stays pending for
     this worker, untracked and never marked stranded: meta.woke stays set, so no later
@@ -55,8 +55,8 @@ async def test_REVIEW_mark_and_ack_both_postponed_strand_the_senders_pointer(
     assert (await rt.wait_idle(TARGET)).status == "idle"
 
 
-async def test_REVIEW_a_cancel_heard_after_the_preloading_read_reaches_the_wake():
-    """REVIEW FINDING 2: with a preload the wake's log is the one read at inbox-read
+async def test_a_cancel_heard_after_the_preloading_read_reaches_the_wake():
+    """With a preload the wake's log is the one read at inbox-read
     time, not at its load. A cancel written after that read (not in the preload) whose
     notice comes before the wake arms its signal (here: while the wake waits for a
     slot) goes to the slot's old signal, and arm() replaces it: this wake never sees
