@@ -37,6 +37,27 @@ async def lapse_soon(rt: Runtime, ms: int = LAPSE_MS) -> None:
         await redis.zadd(keys.workers, {worker_id: seconds * 1000 + micros // 1000 + ms}, xx=True)
 
 
+def arm_crash(rt: Runtime, point: str, hit: int = 1) -> asyncio.Event:
+    """Kill ``rt``'s worker (no cleanup, leases kept) the ``hit``-th time it reaches the
+    fault point ``point``; the event returned is set when it did."""
+    worker = rt.worker
+    assert worker is not None
+    crashed = asyncio.Event()
+    seen = 0
+
+    def hook(name: str) -> None:
+        nonlocal seen
+        if name == point and not crashed.is_set():
+            seen += 1
+            if seen == hit:
+                crashed.set()
+                worker.kill()
+                raise SimulatedCrash(name)
+
+    worker.fault_hook = hook
+    return crashed
+
+
 async def crash_and_recover(
     cluster: Any,
     registry: Registry,
@@ -62,20 +83,7 @@ async def crash_and_recover(
     first = await cluster.runtime(registry)
     if setup is not None:
         await setup(first)
-    assert first.worker is not None
-    crashed = asyncio.Event()
-    seen = 0
-
-    def hook(name: str) -> None:
-        nonlocal seen
-        if name == point:
-            seen += 1
-            if seen == hit:
-                crashed.set()
-                first.worker.kill()
-                raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
+    crashed = arm_crash(first, point, hit)
     if trigger is not None:
         await trigger(first)
     else:

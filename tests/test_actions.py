@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.faults import SimulatedCrash, lapse_soon
+from tests.faults import arm_crash, lapse_soon
 from tests.gateway_apps import http_for
 from wakeful import (
     HandlerContext,
@@ -768,15 +768,7 @@ async def test_a_submission_racing_a_worker_crash_is_applied_once(cluster: Any, 
     await first.send(URL, "go", identity=U1)
     await suspended(first, pending=2)
 
-    crashed = asyncio.Event()
-
-    def hook(name: str) -> None:
-        if name == point and not crashed.is_set():
-            crashed.set()
-            first.worker.kill()
-            raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
+    crashed = arm_crash(first, point)
     # Both answers land while the wake that takes them dies.
     await asyncio.gather(
         first.submit_tool_result(URL, "s1", {"text": "sel"}, identity=U1),

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from tests.apps.harness import until
-from tests.faults import SimulatedCrash, lapse_soon
+from tests.faults import arm_crash, lapse_soon
 from tests.script_helpers import create, lease, log
 from tests.test_actions import app, get_selected, use
 from wakeful import (
@@ -314,17 +314,7 @@ async def test_a_crash_at_the_trim_loses_nothing(cluster, point):
     # The log first: an entry trimmed meanwhile was exported before it went.
     seen_before = set(await log_ids(first))
     seen_before |= {r["id"] for r in exporter.records}
-    crashed = asyncio.Event()
-
-    def hook(name: str) -> None:
-        if name == point and not crashed.is_set():
-            crashed.set()
-            assert first.worker is not None
-            first.worker.kill()
-            raise SimulatedCrash(name)
-
-    assert first.worker is not None
-    first.worker.fault_hook = hook
+    crashed = arm_crash(first, point)
     await first.send(URL, f"add {texts[3]}")
     await asyncio.wait_for(crashed.wait(), 15)
     await lapse_soon(first)

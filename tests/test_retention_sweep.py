@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.apps.harness import until
-from tests.faults import SimulatedCrash, lapse_soon
+from tests.faults import arm_crash, lapse_soon
 from tests.test_actions import app, get_selected, use
 from tests.test_retention import (
     Collecting,
@@ -183,17 +183,8 @@ async def test_a_crash_in_the_sweep_loses_nothing(cluster, point):
         await first.send(URL, f"add {text}")
         assert (await first.wait_idle(URL)).status == "idle"
     whole = set(await log_ids(first, URL))
-    crashed = asyncio.Event()
-
-    def hook(name: str) -> None:
-        if name == point and not crashed.is_set():
-            crashed.set()
-            assert first.worker is not None
-            first.worker.kill()
-            raise SimulatedCrash(name)
-
     activations = first.worker.stats["activations"]
-    first.worker.fault_hook = hook
+    crashed = arm_crash(first, point)
     await asyncio.wait_for(crashed.wait(), 30)  # the sweep, not a wake, reached it
     assert first.worker.stats["activations"] == activations
     await lapse_soon(first)

@@ -23,7 +23,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.apps.harness import PrivateRedis, until
-from tests.faults import SimulatedCrash, lapse_soon
+from tests.faults import arm_crash, lapse_soon
 from tests.test_cli import run
 from wakeful import Collection, HandlerContext, Registry, Runtime, ScriptedModel, Settings
 from wakeful.errors import EntityNotFoundError, InvalidScheduleError
@@ -170,15 +170,7 @@ async def test_a_worker_killed_at_the_fire_step_leaves_each_occurrence_fired_onc
     await first.upsert_cron_schedule(url, "standup", "0 9 * * *", payload="stand up")
     await first.wait_idle(url)
     assert first.worker is not None
-    crashed = asyncio.Event()
-
-    def hook(name: str) -> None:
-        if name == point and not crashed.is_set():
-            crashed.set()
-            first.worker.kill()
-            raise SimulatedCrash(name)
-
-    first.worker.fault_hook = hook
+    crashed = arm_crash(first, point)
     clock.set(NINE + dt.timedelta(seconds=5))
     await asyncio.wait_for(crashed.wait(), 15)
     await lapse_soon(first)
