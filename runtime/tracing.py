@@ -28,12 +28,14 @@ field existed, or while tracing was off, have no ``trace`` and start no trace.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ParamSpec, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -56,12 +58,32 @@ def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
     _override = provider.get_tracer("wakeful") if provider is not None else None
 
 
+# ``trace.get_tracer_provider()`` looks its environment variable up in ``os.environ``
+# on every call while no provider is set (the case of every wake without an SDK):
+# a few microseconds, several times a wake. ``_no_global_provider`` asks the same two
+# things for a fraction of that: the API's module global (set once, by
+# ``trace.set_tracer_provider`` or by the first ``get_tracer_provider`` that finds the
+# variable) and the environment's own dict, with the key encoded as ``os.environ`` does.
+_FAST = all(hasattr(os.environ, a) for a in ("_data", "encodekey")) and hasattr(
+    trace, "_TRACER_PROVIDER"
+)
+_ENV_DATA: Mapping[Any, Any] = getattr(os.environ, "_data", {})
+_ENV_KEY: Any = os.environ.encodekey(OTEL_PYTHON_TRACER_PROVIDER) if _FAST else None
+
+
+def _no_global_provider() -> bool:
+    """True only when ``trace.get_tracer_provider()`` would return the default proxy
+    without loading anything (no provider set, no provider named in the environment);
+    False when it has to be asked."""
+    return _FAST and trace._TRACER_PROVIDER is None and _ENV_KEY not in _ENV_DATA
+
+
 def _active() -> trace.Tracer | None:
     """The tracer to use, or None while no provider is set (the API's default proxy):
     then no span is made at all, not even a no-op one."""
     if _override is not None:
         return _override
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if _no_global_provider() or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None
     return _global
 

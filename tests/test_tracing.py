@@ -185,6 +185,31 @@ async def test_without_a_tracer_nothing_is_written_to_the_log(cluster):
     assert all(b"trace" not in f[b"e"] for _, f in entries)
 
 
+def test_a_global_provider_set_after_start_is_followed(monkeypatch):
+    """Without a provider no span is made; one set later (the API's global, set once
+    per process) is followed from then on, as the check caches nothing."""
+    from opentelemetry import trace as otel_trace
+
+    assert tracing._active() is None
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER", TracerProvider())
+    assert tracing._active() is not None
+    with tracing.handler_span("/notes/n", "notes") as span:
+        assert span.get_span_context().is_valid
+
+
+def test_a_provider_named_in_the_environment_is_followed(monkeypatch):
+    """OTEL_PYTHON_TRACER_PROVIDER names a provider the API loads on first use; set
+    after start, it is still seen (the fast check reads the live environment)."""
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.util._once import Once
+
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER", None)  # both restored after
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    assert tracing._active() is None
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+    assert tracing._active() is not None
+
+
 async def test_a_trace_crosses_from_a_client_to_a_worker_process(
     spans, server_url, prefix, tmp_path
 ):
