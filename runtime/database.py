@@ -31,7 +31,6 @@ DefaultT = TypeVar("DefaultT")
 RowI = TypeVar("RowI")  # a row type that is also written (invariant, unlike RowT)
 
 _encoder = msgspec.msgpack.Encoder()
-_any_decoder = msgspec.msgpack.Decoder()
 
 
 class CollectionView(Generic[RowT]):
@@ -77,20 +76,23 @@ class CollectionView(Generic[RowT]):
 
 
 class Collections:
-    """``ctx.db.collections``: one :class:`CollectionView` per declared collection."""
+    """``ctx.db.collections``: one :class:`CollectionView` per declared collection,
+    made when first asked for (most wakes read few of them, or none)."""
 
     def __init__(self, state: EntityState, specs: dict[str, Collection[Any]]) -> None:
+        self._state = state
         self._specs = specs
-        self._views: dict[str, CollectionView[Any]] = {
-            name: CollectionView(name, state.rows.setdefault(name, {}), spec)
-            for name, spec in specs.items()
-        }
+        self._views: dict[str, CollectionView[Any]] = {}
 
     def __getattr__(self, name: str) -> CollectionView[Any]:
-        try:
-            return self._views[name]
-        except KeyError:
-            raise UnknownCollectionError(_unknown(name, self._views)) from None
+        view = self._views.get(name)
+        if view is None:
+            spec = self._specs.get(name)
+            if spec is None:
+                raise UnknownCollectionError(_unknown(name, self._specs))
+            view = CollectionView(name, self._state.rows.setdefault(name, {}), spec)
+            self._views[name] = view
+        return view
 
     def __getitem__(self, name: str) -> CollectionView[Any]:
         return self.__getattr__(name)
@@ -110,7 +112,7 @@ class Collections:
         return view
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._views)
+        return iter(self._specs)
 
 
 class CollectionHandle(CollectionView[RowI]):
@@ -156,7 +158,6 @@ class Actions:
     def __init__(self, state: EntityState, specs: dict[str, Collection[Any]]) -> None:
         self._state = state
         self._specs = specs
-        self._decoders = {name: row_decoder(spec.row) for name, spec in specs.items() if spec.row}
         self.pending: list[tuple[str | None, Op]] = []  # (tool call, op); see scope.py
 
     def __getattr__(self, attr: str) -> Callable[..., Any]:
@@ -194,7 +195,7 @@ class Actions:
 
     def _insert(self, collection: str, *, row: Any) -> Any:
         key, data, typed = self._validate(collection, row)
-        table = self._state.rows[collection]
+        table = self._state.rows.setdefault(collection, {})
         if key in table:
             raise DuplicateKeyError(collection, key)
         table[key] = data
@@ -204,7 +205,7 @@ class Actions:
         return typed
 
     def _update(self, collection: str, *, key: Any, updater: Callable[[Any], Any]) -> Any:
-        table = self._state.rows[collection]
+        table = self._state.rows.setdefault(collection, {})
         current = table.get(key)
         if current is None:
             raise MissingKeyError(collection, key)
@@ -223,7 +224,7 @@ class Actions:
         return typed
 
     def _delete(self, collection: str, *, key: Any) -> None:
-        table = self._state.rows[collection]
+        table = self._state.rows.setdefault(collection, {})
         if key not in table:
             raise MissingKeyError(collection, key)
         del table[key]
@@ -232,8 +233,8 @@ class Actions:
     # -- helpers -------------------------------------------------------------
 
     def _decode(self, collection: str, data: bytes) -> Any:
-        decoder = self._decoders.get(collection, _any_decoder)
-        return decoder.decode(data)
+        spec = self._specs.get(collection)
+        return row_decoder(spec.row if spec is not None else None).decode(data)
 
     def _validate(self, collection: str, row: Any) -> tuple[Any, bytes, Any]:
         """Encode ``row``, decode it with the row type (full validation) and find its key."""
