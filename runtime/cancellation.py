@@ -36,7 +36,10 @@ class CancelSignal:
     """
 
     def __init__(self, lease_valid: Callable[[], bool] | None = None) -> None:
-        self._event = asyncio.Event()
+        self._cancelled = False
+        # Made by the first ``wait`` only: most signals are never waited on (one is
+        # armed for every wake), and an ``asyncio.Event`` is not free.
+        self._event: asyncio.Event | None = None
         self.reason: str | None = None
         self.kind: StopKind | None = None
         self._lease_valid = lease_valid
@@ -44,13 +47,15 @@ class CancelSignal:
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._cancelled
 
     def cancel(self, reason: str, kind: StopKind = "cancel") -> None:
-        if not self._event.is_set():
+        if not self._cancelled:
             self.reason = reason
             self.kind = kind
-            self._event.set()
+            self._cancelled = True
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
             for callback in callbacks:
                 callback()
@@ -58,7 +63,7 @@ class CancelSignal:
     def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` when the signal fires (at once if it has); return what
         removes it. A race against the signal so needs no task waiting on it."""
-        if self._event.is_set():
+        if self._cancelled:
             callback()
             return _nothing
         self._callbacks.append(callback)
@@ -78,7 +83,10 @@ class CancelSignal:
         return True
 
     async def wait(self) -> str | None:
-        await self._event.wait()
+        if not self._cancelled:
+            if self._event is None:
+                self._event = asyncio.Event()
+            await self._event.wait()
         return self.reason
 
 
