@@ -104,11 +104,19 @@ class Activation:
         self.asked: str | None = None  # the last input it was on
         self.derived: set[str] = set()  # ids from derive_id: no other entity can have made them
         self._commits = 0
-        self._attempt = secrets.token_hex(6)  # this attempt at the wake, for change notices
+        self._attempt_id: str | None = None  # see ``_attempt``
         # Buffered until the next commit point, with the tool call that made them.
         self._events: list[tuple[str | None, Event]] = []
         self._effects: list[tuple[str | None, Effect]] = []
         self._closed: list[tuple[str | None, tuple[str, str]]] = []
+
+    @property
+    def _attempt(self) -> str:
+        """This attempt at the wake, for change notices: random, drawn when first
+        needed (most wakes make no change notice, and the draw is a system call)."""
+        if self._attempt_id is None:
+            self._attempt_id = secrets.token_hex(6)
+        return self._attempt_id
 
     # -- keys and ids ------------------------------------------------------------
 
@@ -282,9 +290,10 @@ class Activation:
                 batch.actions.append(event.tool_call_id)
         batch.closed_actions = take(self._closed, scope)
         effects = take(self._effects, scope)
-        for notice in self._notifications(finished, {op.collection for op in ops}):
-            notice.trace = tracing.carrier()  # the span of the commit that made it
-            effects.append(notice)
+        if self.state.system.subs:
+            for notice in self._notifications(finished, {op.collection for op in ops}):
+                notice.trace = tracing.carrier()  # the span of the commit that made it
+                effects.append(notice)
         immediate = [e for e in effects if not e.due_ms]
         if immediate:
             batch.outbox = Outbox(effects=immediate)

@@ -26,6 +26,8 @@ T = TypeVar("T")
 
 def take(buffer: list[tuple[str | None, T]], scope: str | None) -> list[T]:
     """Remove and return the items of the wake and of ``scope`` (all items for ``ALL``)."""
+    if not buffer:
+        return []
     if scope == ALL:
         everything = [item for _, item in buffer]
         buffer.clear()
