@@ -23,6 +23,11 @@ TYPE_PATTERN = r"[a-z][a-z0-9_-]*"
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._~:@-]*"
 _TYPE_RE = re.compile(TYPE_PATTERN)
 _ID_RE = re.compile(ID_PATTERN)
+# A whole valid URL at once (the rules above, lengths included): the common case costs
+# one match; a URL it refuses goes through the checks that name what is wrong.
+_URL_RE = re.compile(
+    rf"/([a-z][a-z0-9_-]{{0,{TYPE_MAX - 1}}})/([A-Za-z0-9][A-Za-z0-9._~:@-]{{0,{ID_MAX - 1}}})"
+)
 
 
 class EntityUrl(NamedTuple):
@@ -79,6 +84,9 @@ def parse_url(url: object) -> EntityUrl:
     """Parse and validate an entity URL, naming the part that is wrong."""
     if not isinstance(url, str):
         raise InvalidUrlError(url, "url", f"must be a string, not {type(url).__name__}")
+    valid = _URL_RE.fullmatch(url)
+    if valid is not None:
+        return EntityUrl(valid[1], valid[2])
     if not url.startswith("/"):
         raise InvalidUrlError(url, "url", "must start with '/' (expected /<type>/<id>)")
     parts = url[1:].split("/")
