@@ -139,7 +139,11 @@ class wake:  # lowercase: used as ``with metrics.wake(...)``, as before
         outcome = "ok" if exc_type is None else _OUTCOMES.get(exc_type.__name__, "error")
         _wakes(outcome).inc()
         WAKE_DURATION.observe(time.perf_counter() - self._started)
-        arrived = min((ms for ms in map(_id_ms, self._pointer_ids) if ms is not None), default=None)
+        arrived: int | None = None
+        for pointer_id in self._pointer_ids:
+            ms = _id_ms(pointer_id)
+            if ms is not None and (arrived is None or ms < arrived):
+                arrived = ms
         if arrived is not None:
             WAKE_LATENCY.observe(max(time.time() - arrived / 1000, 0.0))
 
