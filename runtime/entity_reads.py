@@ -8,15 +8,24 @@ partition leases, the inbox and timers): plain Redis reads, decoded through
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
+import msgspec
 from redis.asyncio.client import Pipeline
 from redis.typing import KeyT, StreamIdT
 
 from .connection import block_ms as block_ms_for
 from .keys import GROUP
-from .replies import EntityMeta, Entry, as_str, parse_identity, parse_meta, stream_entries
+from .replies import (
+    EntityMeta,
+    Entry,
+    as_str,
+    parse_identity,
+    parse_meta,
+    stream_entries,
+    text_keys,
+)
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
 
@@ -27,16 +36,17 @@ BULK_AT_ONCE = 4  # pipelines of one bulk read in flight at once
 # no decoding: lists and bytes); see store.py.
 
 
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """What a wake reads: the metadata, the snapshot and the log after it."""
+class Loaded(msgspec.Struct, frozen=True):
+    """What a wake reads: the metadata, the snapshot and the log after it. (A struct,
+    not a frozen dataclass: one is made per wake, and the dataclass takes several
+    times as long to construct.)"""
 
     meta: dict[str, bytes]  # the raw hash (empty if the entity is gone)
     info: EntityMeta | None  # the same, parsed (None if the entity is gone)
     snapshot: bytes | None
     entries: list[Entry]
     # the conversation chunks the snapshot references (field -> chunk), read with it
-    chunks: dict[bytes, bytes] = field(default_factory=dict)
+    chunks: dict[bytes, bytes] = msgspec.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,7 @@ class EntityReads(ScriptRunner):
         meta_flat, snapshot, raw, chunks_flat = await self._run(
             LOAD, [k.meta(url), k.snap(url), k.log(url), k.conv(url)], [after or "", page]
         )
-        meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+        meta = text_keys(meta_flat)
         chunks = dict(zip(chunks_flat[::2], chunks_flat[1::2], strict=True))
         log = stream_entries(raw)
         while len(raw) == page:
@@ -262,7 +272,7 @@ class EntityReads(ScriptRunner):
                 out.append(await self.load(url, None, page))
                 continue
             meta_flat, snapshot, raw, chunks_flat = reply
-            meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+            meta = text_keys(meta_flat)
             chunks = dict(zip(chunks_flat[::2], chunks_flat[1::2], strict=True))
             out.append(Loaded(meta, parse_meta(meta), snapshot, stream_entries(raw), chunks))
         return out

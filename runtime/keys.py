@@ -5,8 +5,9 @@ below), so a Lua script can touch an entity's log, its metadata and its partitio
 inbox atomically, on one Redis or on a Redis Cluster. The prefix is inside the tag:
 partition N of two keyspaces hashes to two slots, so keyspaces spread over a cluster's
 masters independently (a tag of ``{pN}`` alone put partition N of every keyspace in
-one slot). Every key helper goes through :meth:`Keyspace.tag`. Every key still starts
-with ``<prefix>:`` (ACL key patterns, scans). An entity lives in partition
+one slot). Every key helper takes its tag from :meth:`Keyspace.tag` (or
+:meth:`Keyspace.url_tag`), made in one place. Every key still starts with
+``<prefix>:`` (ACL key patterns, scans). An entity lives in partition
 ``crc32(url) % partitions``.
 
 The layout is versioned (:data:`LAYOUT`, field ``layout`` of ``<prefix>:config``):
@@ -105,30 +106,41 @@ class Keyspace:
         self.workers = f"{prefix}:workers"
         self.config = f"{prefix}:config"
         self.types = f"{prefix}:types"
+        # Made once: a commit names ten keys, and a wake used to make each tag anew.
+        self._tags = [self._make_tag(p) for p in range(partitions)]
 
     def partition(self, url: str) -> int:
         return zlib.crc32(url.encode()) % self.partitions
 
+    def _make_tag(self, partition: int) -> str:
+        return f"{self.prefix}:{{{self.prefix}:p{partition}}}"
+
     def tag(self, partition: int) -> str:
         """The start of every key of ``partition``: ``<prefix>:{<prefix>:pN}``. The one
         place the hash tag is made (a Redis Cluster hashes only what is in braces)."""
-        return f"{self.prefix}:{{{self.prefix}:p{partition}}}"
+        if 0 <= partition < self.partitions:
+            return self._tags[partition]
+        return self._make_tag(partition)
+
+    def url_tag(self, url: str) -> str:
+        """The tag of ``url``'s partition (the start of each of its keys)."""
+        return self._tags[zlib.crc32(url.encode()) % self.partitions]
 
     def slot_key(self, partition: int) -> str:
         """A key in ``partition``'s slot (for routing a command that names no key)."""
         return self.tag(partition)
 
     def log(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:log:{url}"
+        return f"{self.url_tag(url)}:log:{url}"
 
     def meta(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:meta:{url}"
+        return f"{self.url_tag(url)}:meta:{url}"
 
     def live(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:live:{url}"
+        return f"{self.url_tag(url)}:live:{url}"
 
     def actions(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:actions:{url}"
+        return f"{self.url_tag(url)}:actions:{url}"
 
     def cancel_channel(self, partition: int) -> str:
         """The partition's shard channel of cancel requests (``SPUBLISH``, message
@@ -136,19 +148,19 @@ class Keyspace:
         return f"{self.tag(partition)}:cancel"
 
     def snap(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:snap:{url}"
+        return f"{self.url_tag(url)}:snap:{url}"
 
     def conv(self, url: str) -> str:
         """The conversation chunks the entity's snapshot references (see state.Snapshot)."""
-        return f"{self.tag(self.partition(url))}:conv:{url}"
+        return f"{self.url_tag(url)}:conv:{url}"
 
     def idem(self, url: str, key: str, identity: dict[str, str] | None = None) -> str:
         """Where an idempotency key is kept: per caller identity, so that one caller
         using another's key neither finds the other's event nor drops its own."""
         if identity is None:
-            return f"{self.tag(self.partition(url))}:idem:{url}:{key}"
+            return f"{self.url_tag(url)}:idem:{url}:{key}"
         digest = hashlib.sha256(identity_text(identity).encode()).hexdigest()[:32]
-        return f"{self.tag(self.partition(url))}:idem@{digest}:{url}:{key}"
+        return f"{self.url_tag(url)}:idem@{digest}:{url}:{key}"
 
     def inbox(self, partition: int) -> str:
         return f"{self.tag(partition)}:inbox"
@@ -169,7 +181,7 @@ class Keyspace:
         return f"{self.tag(partition)}:timerdata"
 
     def crons(self, url: str) -> str:
-        return f"{self.tag(self.partition(url))}:cron:{url}"
+        return f"{self.url_tag(url)}:cron:{url}"
 
     def crondue(self, partition: int) -> str:
         return f"{self.tag(partition)}:crondue"
@@ -183,7 +195,7 @@ class Keyspace:
     def idle_channel(self, url: str) -> str:
         """The entity's shard channel of idle notices, in its partition's slot (the
         commit script publishes there, so the channel must hash like its keys)."""
-        return f"{self.tag(self.partition(url))}:idle:{url}"
+        return f"{self.url_tag(url)}:idle:{url}"
 
     def channels_rule(self) -> str:
         """The ACL channel rule that grants every channel of the keyspace."""

@@ -32,9 +32,19 @@ def stream_entries(raw: list[Any] | None) -> list[Entry]:
     out: list[Entry] = []
     for entry_id, fields in raw or ():
         if isinstance(fields, list):
-            fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        out.append((as_str(entry_id), fields or {}))
+            if len(fields) == 2:  # one field (every log entry: "e"): no slices
+                fields = {fields[0]: fields[1]}
+            else:
+                fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields or {}))
     return out
+
+
+def text_keys(flat: list[Any]) -> dict[str, Any]:
+    """A hash read as a flat reply ``[field, value, ...]`` (HGETALL in a script), its
+    fields as text: ``{"cursor": b"1-0", ...}``."""
+    names = [f.decode() if isinstance(f, bytes) else f for f in flat[::2]]
+    return dict(zip(names, flat[1::2], strict=True))
 
 
 class EntityMeta(msgspec.Struct, frozen=True):

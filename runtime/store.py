@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import (
     AskError,
@@ -49,7 +50,7 @@ from .errors import (
 )
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .lease_store import LeaseStore
-from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries
+from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries, text_keys
 from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
@@ -157,18 +158,17 @@ class Trimmed:
 PRELOAD_PAGE, PRELOAD_BUDGET = 64, 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Preloaded:
+class Preloaded(msgspec.Struct, frozen=True):
     """What the inbox read brought with a pointer, read in the same script: the
     entity's metadata and its log after the cursor (complete unless ``truncated``),
-    as of that read. ``loaded`` has no snapshot."""
+    as of that read. ``loaded`` has no snapshot. (Like :class:`Pointer`, a struct: the
+    read makes one per pointer, and a frozen dataclass takes several times as long.)"""
 
     loaded: Loaded
     truncated: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Pointer:
+class Pointer(msgspec.Struct, frozen=True):
     """A wake pointer read from a partition inbox (with ``preload`` if the read
     brought the entity's metadata and log tail along)."""
 
@@ -477,7 +477,42 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         """
         k = self.keys
         p = k.partition(url)
-        flat_fields = [x for pair in (fields or {}).items() for x in pair]
+        fields = fields or {}
+        # Built by appending (a commit usually carries one or two of these lists): the
+        # same arguments, in the COMMIT script's order, as the generators made them.
+        args: list[Any] = [
+            token,
+            GROUP,
+            cursor,
+            created,
+            snapshot,
+            snapshot_seen,
+            snapshot_out,
+            k.idle_channel(url),
+            url,
+            len(events),
+            len(acks),
+            len(fields) * 2,
+            len(timers),
+            len(actions),
+            len(closed_actions),
+        ]
+        for event in events:
+            args += event
+        args += acks
+        for field in fields.items():
+            args += field
+        for timer in timers:
+            args += timer
+        args += actions
+        for closed in closed_actions:
+            args += closed
+        # the snapshot's conversation chunks (read only with a snapshot)
+        args.append(len(drop_chunks))
+        args += drop_chunks
+        args.append(len(chunks))
+        for chunk in chunks:
+            args += chunk
         reply = await self._commit(
             url,
             [
@@ -492,34 +527,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                 k.conv(url),
                 k.trimdue(p),
             ],
-            [
-                token,
-                GROUP,
-                cursor,
-                created,
-                snapshot,
-                snapshot_seen,
-                snapshot_out,
-                k.idle_channel(url),
-                url,
-                len(events),
-                len(acks),
-                len(flat_fields),
-                len(timers),
-                len(actions),
-                len(closed_actions),
-                *(x for pair in events for x in pair),
-                *acks,
-                *flat_fields,
-                *(x for timer in timers for x in timer),
-                *actions,
-                *(x for pair in closed_actions for x in pair),
-                # the snapshot's conversation chunks (read only with a snapshot)
-                len(drop_chunks),
-                *drop_chunks,
-                len(chunks),
-                *(x for pair in chunks for x in pair),
-            ],
+            args,
         )
         status = as_str(reply[0])
         if status == "FENCED":
@@ -842,12 +850,12 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                 continue
             pointer = _pointer(self.keys, partition, entry_id, fields)
             if isinstance(pointer, Pointer) and int(loaded):
-                meta = {as_str(f): v for f, v in zip(meta_flat[::2], meta_flat[1::2], strict=True)}
+                meta = text_keys(meta_flat)
                 entries = stream_entries(raw)
                 preload = Preloaded(
                     Loaded(meta, parse_meta(meta), None, entries), len(entries) >= PRELOAD_PAGE
                 )
-                pointer = Pointer(pointer.partition, pointer.entry_id, pointer.url, preload)
+                pointer = Pointer(partition, pointer.entry_id, pointer.url, preload)
             out.append(pointer)
         return out
 

@@ -11,6 +11,8 @@ def parse_id(stream_id: str) -> tuple[int, int]:
 
 
 def id_gt(a: str, b: str) -> bool:
+    if a == b:  # the usual case (e.g. every outbox event delivered): nothing to parse
+        return False
     return parse_id(a) > parse_id(b)
 
 
