@@ -15,12 +15,12 @@ its owner closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Collection, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_RECANCEL_S = 0.05  # how long a cancelled task is waited for before it is cancelled again
 
 
 async def all_of(calls: list[Coroutine[Any, Any, None]]) -> None:
@@ -67,10 +67,25 @@ async def first_of(work: Awaitable[T], stop: Awaitable[Any]) -> tuple[bool, T | 
 
 
 async def _cancel_and_wait(task: asyncio.Future[Any]) -> None:
-    task.cancel()
-    await asyncio.wait({task})
+    await cancel_until_done([task])
     if not task.cancelled():
         task.exception()  # retrieved: a failure while cancelled is not lost in a warning
+
+
+async def cancel_until_done(tasks: Collection[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` until each has ended.
+
+    Once is not always enough: on Python 3.11 an ``asyncio.wait_for`` (redis-py reads
+    with one when a socket timeout is set) whose wait completes just as the cancel comes
+    returns its result and swallows the cancel, and the task goes on. A closer that
+    cancelled once and then awaited the task waited for good (a Ctrl-C that never ended
+    the CLI, idle in its teardown). If the caller itself is cancelled meanwhile, that
+    cancellation is raised (the tasks have been asked to stop)."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=_RECANCEL_S)
 
 
 class OwnedTasks:
@@ -90,10 +105,6 @@ class OwnedTasks:
             self._log.error("background task %s failed", task.get_name(), exc_info=error)
 
     async def aclose(self) -> None:
-        """Cancel the tasks that still run and wait until they have ended."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        """Cancel the tasks that still run until they have ended (see
+        :func:`cancel_until_done`); their failures were logged as they ended."""
+        await cancel_until_done(list(self._tasks))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
-from wakeful.tasks import all_of, first_of
+from wakeful.tasks import OwnedTasks, all_of, first_of
 
 pytestmark = pytest.mark.anyio
 
@@ -90,3 +93,40 @@ async def test_first_of_reports_a_stop_even_if_the_work_fails_while_cancelled():
         await started.wait()
 
     assert await first_of(work(), stopper()) == (False, None)
+
+
+def _swallows_one_cancel(swallowed: list[bool]) -> Coroutine[Any, Any, None]:
+    """Work that loses the first cancel it gets and goes on, as a task does whose
+    ``asyncio.wait_for`` (inside redis-py, on Python 3.11) completes just as the cancel
+    comes."""
+
+    async def work() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)
+
+    return work()
+
+
+async def test_closing_owned_tasks_ends_a_task_that_lost_a_cancel():
+    swallowed: list[bool] = []
+    owned = OwnedTasks(logging.getLogger("test"))
+    task = owned.start(_swallows_one_cancel(swallowed))
+    await asyncio.sleep(0)  # it waits now
+    async with asyncio.timeout(10) as deadline:  # a close that waited for good is cut here
+        await owned.aclose()
+    assert not deadline.expired()  # (the old close swallowed the cut and returned)
+    assert swallowed and task.cancelled()
+
+
+async def test_first_of_stops_work_that_lost_a_cancel():
+    swallowed: list[bool] = []
+    stop = asyncio.Event()
+    stop.set()
+    async with asyncio.timeout(10):
+        finished, result = await first_of(_swallows_one_cancel(swallowed), stop.wait())
+    assert (finished, result) == (False, None)
