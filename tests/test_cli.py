@@ -408,6 +408,29 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     assert action.input == {"action": "delete", "key": "city"}
 
 
+def test_ctrl_c_on_a_terminal_reaches_the_command_when_the_suite_ignores_it():
+    """A suite started in the background by a script (`nohup run.sh &`: no job control)
+    runs with SIGINT ignored, and a command inherits an ignored signal: Python keeps
+    ignoring it and asyncio installs no Ctrl-C handler, so `wakeful ask` at its prompt
+    and `wakeful tail -f` never stopped (the Ctrl-C tests hung, whatever the load). The
+    terminal helper runs a command as an interactive shell does, SIGINT at its default."""
+    import signal
+
+    # What asyncio.run does on Ctrl-C: the main task cancelled, then KeyboardInterrupt,
+    # which kills the process with SIGINT. Ignored, the sleep ends with exit code 0.
+    command = [
+        sys.executable,
+        "-c",
+        "import asyncio; print('ready', flush=True); asyncio.run(asyncio.sleep(15))",
+    ]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup run.sh &`
+    try:
+        code, output = on_a_terminal(command, dict(os.environ), "ready", signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == -signal.SIGINT, output
+
+
 async def test_a_ctrl_c_just_before_the_prompt_is_not_lost(monkeypatch):
     """A Ctrl-C that lands after the last await but before the prompt waits only asked
     asyncio to cancel the task: the prompt must not wait for input then."""
