@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -446,6 +447,37 @@ async def test_a_ctrl_c_just_before_the_prompt_is_not_lost(monkeypatch):
             await _confirm("approve?")
         assert not task.cancelling()  # the interruption is the answer: teardown runs
     finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def test_a_ctrl_c_swallowed_before_the_prompt_still_ends_it(monkeypatch):
+    """Python 3.11's asyncio.wait_for (redis-py's socket writes) returns its future's
+    result when the cancel comes as the future completes: the Ctrl-C is then only a
+    pending cancellation (``cancelling()``) that nothing raises. The prompt must end on
+    it, not wait for an answer that never comes."""
+    from wakeful.cli_reply import PromptInterrupted, _confirm
+
+    read_end, write_end = os.pipe()  # a terminal on which nothing is ever typed
+    monkeypatch.setattr(sys, "stdin", open(read_end, closefd=False))  # noqa: SIM115
+
+    async def approving() -> bool:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # Ctrl-C (asyncio's SIGINT handler), during a Redis call before
+        with contextlib.suppress(asyncio.CancelledError):  # which swallows it
+            await asyncio.sleep(0)
+        assert task.cancelling() == 1
+        return await _confirm("approve?")
+
+    prompt = asyncio.create_task(approving())
+    try:
+        done, _ = await asyncio.wait({prompt}, timeout=5)
+        assert prompt in done, "the prompt waited for an answer after Ctrl-C"
+        assert isinstance(prompt.exception(), PromptInterrupted)
+        assert not prompt.cancelling()  # the interruption is the answer: teardown runs
+    finally:
+        prompt.cancel()
         os.close(read_end)
         os.close(write_end)
 
