@@ -164,11 +164,15 @@ async def _ask(question: str, *, default: str = "") -> str:
     at once, also when it came just before the prompt, and comes out as
     :class:`PromptInterrupted`, an ordinary exception: the command closes its client and
     exits 130. A blocking ``input()`` would leave the signal to Python's handler, which
-    a read blocked in C may never run."""
+    a read blocked in C may never run. A Ctrl-C whose cancellation an earlier await
+    swallowed (redis-py on Python 3.11: see ``following._stop_if_cancelled``) is still
+    pending on the task: it ends the prompt before it waits."""
     suffix = f" [dim]({terminal.escape(default)})[/]" if default else ""
     err.print(f"{question}{suffix}: ", end="")
     task = asyncio.current_task()
     try:
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
         line = await _read_line(sys.stdin.fileno())
     except asyncio.CancelledError:
         if task is not None:

@@ -12,22 +12,37 @@ import pty
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Run before the command, in its process (exec keeps the pid): SIGINT back at its default,
+# as an interactive shell sets it for the command it runs in the foreground. The suite
+# itself may have been started with SIGINT ignored (a script's `cmd &` or `nohup cmd &`,
+# by POSIX, when the shell has no job control), and a command inherits an ignored signal:
+# Python then keeps ignoring Ctrl-C and asyncio installs no handler for it. Not in
+# Popen's preexec_fn: that runs Python between fork and exec, unsafe with threads (the
+# tests call this from asyncio.to_thread).
+AS_A_SHELL_RUNS_IT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
 
 def on_a_terminal(
     command: list[str], env: dict[str, str], prompt: str, answer: str | int
 ) -> tuple[int | None, str]:
-    """Run ``command`` on a pseudo-terminal; once ``prompt`` shows, type ``answer`` (a
-    str) or send it the signal ``answer`` (an int). Returns its exit code (None if it
-    still ran 30 s after the answer: its stacks are then dumped into the output) and
-    everything it printed, followed by ``[answered: True|False]``."""
+    """Run ``command`` on a pseudo-terminal, as a shell runs a command in the foreground
+    (SIGINT at its default, even if the suite ignores it: see :data:`AS_A_SHELL_RUNS_IT`);
+    once ``prompt`` shows, type ``answer`` (a str) or send it the signal ``answer`` (an
+    int). Returns its exit code (None if it still ran 30 s after the answer: its stacks
+    are then dumped into the output) and everything it printed, followed by
+    ``[answered: True|False]``."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        command,
+        [sys.executable, "-c", AS_A_SHELL_RUNS_IT, *command],
         cwd=ROOT,
         env={**env, "PYTHONFAULTHANDLER": "1"},
         stdin=slave,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -408,6 +409,29 @@ async def test_ctrl_c_at_the_approval_prompt_exits_130(worker, server_url, prefi
     assert action.input == {"action": "delete", "key": "city"}
 
 
+def test_ctrl_c_on_a_terminal_reaches_the_command_when_the_suite_ignores_it():
+    """A suite started in the background by a script (`nohup run.sh &`: no job control)
+    runs with SIGINT ignored, and a command inherits an ignored signal: Python keeps
+    ignoring it and asyncio installs no Ctrl-C handler, so `wakeful ask` at its prompt
+    and `wakeful tail -f` never stopped (the Ctrl-C tests hung, whatever the load). The
+    terminal helper runs a command as an interactive shell does, SIGINT at its default."""
+    import signal
+
+    # What asyncio.run does on Ctrl-C: the main task cancelled, then KeyboardInterrupt,
+    # which kills the process with SIGINT. Ignored, the sleep ends with exit code 0.
+    command = [
+        sys.executable,
+        "-c",
+        "import asyncio; print('ready', flush=True); asyncio.run(asyncio.sleep(15))",
+    ]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup run.sh &`
+    try:
+        code, output = on_a_terminal(command, dict(os.environ), "ready", signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == -signal.SIGINT, output
+
+
 async def test_a_ctrl_c_just_before_the_prompt_is_not_lost(monkeypatch):
     """A Ctrl-C that lands after the last await but before the prompt waits only asked
     asyncio to cancel the task: the prompt must not wait for input then."""
@@ -423,6 +447,37 @@ async def test_a_ctrl_c_just_before_the_prompt_is_not_lost(monkeypatch):
             await _confirm("approve?")
         assert not task.cancelling()  # the interruption is the answer: teardown runs
     finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def test_a_ctrl_c_swallowed_before_the_prompt_still_ends_it(monkeypatch):
+    """Python 3.11's asyncio.wait_for (redis-py's socket writes) returns its future's
+    result when the cancel comes as the future completes: the Ctrl-C is then only a
+    pending cancellation (``cancelling()``) that nothing raises. The prompt must end on
+    it, not wait for an answer that never comes."""
+    from wakeful.cli_reply import PromptInterrupted, _confirm
+
+    read_end, write_end = os.pipe()  # a terminal on which nothing is ever typed
+    monkeypatch.setattr(sys, "stdin", open(read_end, closefd=False))  # noqa: SIM115
+
+    async def approving() -> bool:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # Ctrl-C (asyncio's SIGINT handler), during a Redis call before
+        with contextlib.suppress(asyncio.CancelledError):  # which swallows it
+            await asyncio.sleep(0)
+        assert task.cancelling() == 1
+        return await _confirm("approve?")
+
+    prompt = asyncio.create_task(approving())
+    try:
+        done, _ = await asyncio.wait({prompt}, timeout=5)
+        assert prompt in done, "the prompt waited for an answer after Ctrl-C"
+        assert isinstance(prompt.exception(), PromptInterrupted)
+        assert not prompt.cancelling()  # the interruption is the answer: teardown runs
+    finally:
+        prompt.cancel()
         os.close(read_end)
         os.close(write_end)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.agent_apps import step, use
+from tests.apps.harness import until
 from wakeful import HandlerContext, Registry, ScriptedModel, define_agent
 from wakeful.events import ToolOutcome
 from wakeful.models import ModelResponse
@@ -61,10 +61,11 @@ async def test_the_typed_ready_made_tools_work_end_to_end(cluster):
     # ask waits for the awaited child too: the last run is the one its result woke
     assert await rt.ask("/bot/b", "go") == "noted"
     assert ids["memory"] == "wakeful.memory/v1" and ids["dispatch"] == "wakeful.dispatch/v1"
-    for _ in range(100):
-        if "later" in received and len(model.requests) >= 4:
-            break
-        await asyncio.sleep(0.05)
+
+    async def settled() -> bool:  # the durable timer (0.1 s) may fire late on a busy machine
+        return "later" in received and len(model.requests) >= 4
+
+    await until(settled, 30, "the scheduled message and the run the child's result wakes")
     await rt.wait_idle("/bot/b")
     done = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
     assert done["m1"].details == {"output": {"action": "set", "key": "color"}}
@@ -132,12 +133,12 @@ async def test_schedule_tools_list_and_cancel_pending_messages(cluster):
 
     rt = await cluster.runtime(reg)
     await rt.send("/bot/b", "plan")
-    done: dict[str, ToolOutcome] = {}
-    for _ in range(300):  # wait_idle would wait for the remaining timer too
+
+    async def outcomes() -> dict[str, ToolOutcome] | None:  # not wait_idle: a timer remains
         done = {e.tool_call_id: e for e in await rt.history("/bot/b") if isinstance(e, ToolOutcome)}
-        if "x2" in done:
-            break
-        await asyncio.sleep(0.02)
+        return done if "x2" in done else None
+
+    done = await until(outcomes, 30, "the outcome of the last cancel_schedule call (x2)")
     schedules = done["l1"].details["output"]["schedules"]
     assert [(s["url"], s["text"]) for s in schedules] == [
         ("/bot/b", "in a minute"),
