@@ -151,7 +151,8 @@ class PromptInterrupted(Exception):
 async def _confirm(question: str) -> bool:
     """A yes/no question at the terminal, asked until it gets one of them."""
     while True:
-        answer = (await _ask(f"{question} [bold magenta][y/n][/]")).lower()
+        # "\\[" is Rich's escape: the hint shows as "[y/n]", not read as a markup tag
+        answer = (await _ask(f"{question} [bold magenta]\\[y/n][/]")).lower()
         if answer in ("y", "yes", "n", "no"):
             return answer.startswith("y")
         err.print("[red]please answer y or n[/]")

@@ -366,6 +366,7 @@ async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix
         on_a_terminal, [*command, "--redis", server_url], env, "approve", "y\n"
     )
     assert code == 0, output
+    assert "[y/n]" in output  # the hint, not eaten as a markup tag
     assert "Forgot 'city'." in output
     assert (await worker.state("/assistant/i1"))["kv"] == []
 
