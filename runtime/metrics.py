@@ -115,20 +115,28 @@ def _wakes(outcome: str) -> Counter:
     return child
 
 
-class wake:  # lowercase: used as ``with metrics.wake(...)``, as before
-    """One activation, from the runner: its outcome, duration and latency.
+class _Timed:
+    """A context manager that notes when it was entered; its ``__exit__`` records.
 
-    A class rather than a ``@contextmanager`` generator: it is entered once a wake,
-    and a generator's context manager costs several times as much."""
+    A class rather than a ``@contextmanager`` generator: ``wake`` and ``commit`` are
+    entered once a wake, and a generator's context manager costs several times as much."""
 
-    __slots__ = ("_pointer_ids", "_started")
-
-    def __init__(self, pointer_ids: Sequence[str]) -> None:
-        self._pointer_ids = pointer_ids
-        self._started = 0.0
+    __slots__ = ("_started",)
 
     def __enter__(self) -> None:
         self._started = time.perf_counter()
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
+
+class wake(_Timed):  # lowercase: used as ``with metrics.wake(...)``, as before
+    """One activation, from the runner: its outcome, duration and latency."""
+
+    __slots__ = ("_pointer_ids",)
+
+    def __init__(self, pointer_ids: Sequence[str]) -> None:
+        self._pointer_ids = pointer_ids
 
     def __exit__(
         self,
@@ -138,7 +146,7 @@ class wake:  # lowercase: used as ``with metrics.wake(...)``, as before
     ) -> None:
         outcome = "ok" if exc_type is None else _OUTCOMES.get(exc_type.__name__, "error")
         _wakes(outcome).inc()
-        WAKE_DURATION.observe(time.perf_counter() - self._started)
+        WAKE_DURATION.observe(self._elapsed())
         arrived: int | None = None
         for pointer_id in self._pointer_ids:
             ms = _id_ms(pointer_id)
@@ -148,16 +156,10 @@ class wake:  # lowercase: used as ``with metrics.wake(...)``, as before
             WAKE_LATENCY.observe(max(time.time() - arrived / 1000, 0.0))
 
 
-class commit:  # lowercase: used as ``with metrics.commit():``, as before
+class commit(_Timed):  # lowercase: used as ``with metrics.commit():``, as before
     """One commit script call."""
 
-    __slots__ = ("_started",)
-
-    def __init__(self) -> None:
-        self._started = 0.0
-
-    def __enter__(self) -> None:
-        self._started = time.perf_counter()
+    __slots__ = ()
 
     def __exit__(
         self,
@@ -165,7 +167,7 @@ class commit:  # lowercase: used as ``with metrics.commit():``, as before
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        COMMIT_LATENCY.observe(time.perf_counter() - self._started)
+        COMMIT_LATENCY.observe(self._elapsed())
 
 
 @around
