@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import importlib
 import signal
 
@@ -20,6 +19,7 @@ from .cli_tokens import TOKENS_VAR, load_tokens
 from .client import Runtime
 from .config import Settings
 from .errors import WakefulError
+from .heap import settle_for_long_run
 from .redaction import redact_url
 from .tasks import first_of
 from .terminal import err
@@ -35,10 +35,7 @@ async def worker(args: argparse.Namespace) -> int:
     with err.status(f"starting a worker on {redact_url(settings.redis_url)}"):
         await rt.start()
     assert rt.worker is not None
-    # Long-lived process: move start-up objects out of the collector's way; full
-    # collections otherwise pause a busy worker for ~10 ms at a time.
-    gc.collect()
-    gc.freeze()
+    settle_for_long_run()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,15 +69,12 @@ async def serve(args: argparse.Namespace) -> int:
     tokens = load_tokens(args.token, args.token_file)
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
+    settle_for_long_run()
     app = create_app(
         rt,
         authenticate=bearer_tokens(tokens) if tokens else None,
         authorize=authorize,
         allowed_hosts=hosts,
-    )
-    server = uvicorn.Server(
-        # log_config=None: uvicorn logs through the root logger, whose lines are redacted
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", log_config=None)
     )
     server = uvicorn.Server(server_config(app, host=args.host, port=args.port, settings=settings))
     base = f"http://{args.host}:{args.port}"

@@ -70,6 +70,9 @@ def server_config(app: Any, *, host: str, port: int, settings: Settings) -> uvic
         host=host,
         port=port,
         log_level="warning",
+        # None: uvicorn logs through the root logger, whose lines are redacted (its own
+        # configuration gives its loggers handlers of their own)
+        log_config=None,
         http=guarded_protocol(ServerLimits.of(settings)),
         timeout_keep_alive=settings.keep_alive_s,
     )

@@ -44,10 +44,10 @@ The worker runs in its own process (a real ``Worker`` and ``Store``, as in
 ``bench_wakes.py``), the client in this one; both share the machine with Redis.
 Every key lives under a unique prefix (``wkagent-...``) and is deleted at the end.
 ``WAKEFUL_*`` variables tune the runtime; the worker inherits them.
-Like the ``wakeful worker`` CLI, the worker calls ``gc.collect(); gc.freeze()``
-once started (``import runtime`` loads the anthropic SDK, ~170k objects that
-otherwise make every full collection pause the worker for ~80 ms or more);
-``--no-gc-freeze`` leaves that out, to compare. Full collections during each phase
+Like the ``wakeful worker`` CLI, the worker settles its garbage collector once
+started (``wakeful.heap``: start-up objects frozen, e.g. the anthropic SDK's ~170k
+that otherwise make every full collection pause the worker for ~80 ms or more, and a
+youngest generation of 50,000); ``--no-gc-freeze`` leaves that out, to compare. Full collections during each phase
 are counted. ``--profile-worker FILE`` runs cProfile in the worker during one phase
 (``--profile-phase seq|tp``) and prints its top functions to stderr. The last line of output is every
 figure as one JSON object.
@@ -98,6 +98,7 @@ from wakeful import (
     ToolResult,
     Worker,
 )
+from wakeful.heap import settle_for_long_run
 from wakeful.keys import Keyspace
 from wakeful.models import ModelRequest, ModelResponse
 from wakeful.store import Store
@@ -313,8 +314,7 @@ async def worker_main(args: argparse.Namespace) -> None:
     if task.done():
         task.result()
     if args.gc_freeze:  # as the `wakeful worker` CLI does
-        gc.collect()
-        gc.freeze()  # startup objects (the anthropic SDK, pydantic, ...) leave the GC's scans
+        settle_for_long_run()  # startup objects (the anthropic SDK, ...) leave the GC's scans
     gc.callbacks.append(PROBE.on_gc)
     emit(event="ready")
     profiler = cProfile.Profile() if args.profile else None
@@ -428,7 +428,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"scripted model answering at once; low load: 1 entity x {args.seq_runs} runs in a "
         f"row; throughput: {args.entities:,} entities x {args.runs} runs, all at once; raw "
         f"baseline: {args.raw_messages:,} messages; {args.partitions} partitions; runtime at "
-        f"{machine['code']}" + ("" if args.gc_freeze else "; NO gc.freeze() in the worker"),
+        f"{machine['code']}" + ("" if args.gc_freeze else "; the worker's collector NOT settled"),
         flush=True,
     )
     base = unique_prefix("wkagent")
@@ -711,8 +711,7 @@ async def sweep_main(args: argparse.Namespace) -> int:
                     await rt.ask(url, f"turn {turn}", timeout=120)
                 print(f"  {url}: {checkpoint:,} turns", flush=True)
             if args.gc_freeze:  # as a long-running worker does (see --no-gc-freeze)
-                gc.collect()
-                gc.freeze()
+                settle_for_long_run()
             timings.clear()
             writes.reset()
             # The profiler (--profile-worker) covers every point alike, since it slows

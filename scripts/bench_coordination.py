@@ -28,9 +28,9 @@ figures per round trip:
   through the idle notice, read the run's response back), i.e. what a caller sees.
 
 The headline runs ONE worker in a separate process (a real ``Runtime`` with its
-worker, as in ``bench_wakes.py``, start-up objects frozen out of the GC as the
-``wakeful worker`` CLI does; ``--no-gc-freeze`` leaves that out), the client in
-this one. The same is then
+worker, as in ``bench_wakes.py``, its garbage collector settled as the ``wakeful
+worker`` CLI does, ``wakeful.heap``; ``--no-gc-freeze`` leaves that out), the
+client in this one. The same is then
 measured with client and worker in one process (``Runtime(run_worker=True)``;
 skip with ``--no-inprocess``): they share one event loop, so every figure there
 includes the client's own work.
@@ -72,7 +72,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import json
 import statistics
 import sys
@@ -102,6 +101,7 @@ from redis.exceptions import ResponseError
 
 from wakeful import HandlerContext, Registry, Runtime, Settings, Wake
 from wakeful.events import Message, decode_event, encode_event
+from wakeful.heap import settle_for_long_run
 
 PARENT = "/parent/p"
 TARGET_P50_MS = 3.0
@@ -227,8 +227,7 @@ async def worker_main(args: argparse.Namespace) -> None:
         registry, settings=settings_for(args, args.prefix), run_worker=True, redis=conn
     ).start()
     if args.gc_freeze:
-        gc.collect()
-        gc.freeze()  # as the `wakeful worker` CLI does
+        settle_for_long_run()  # as the `wakeful worker` CLI does
     emit(event="ready")
     profiler = cProfile.Profile() if args.profile else None
     try:

@@ -75,7 +75,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import json
 import sys
 import time
@@ -106,6 +105,7 @@ from redis.exceptions import ResponseError
 
 from wakeful import Collection, HandlerContext, Registry, Runtime, Settings, Worker
 from wakeful.connection import connect
+from wakeful.heap import settle_for_long_run
 from wakeful.keys import Keyspace
 from wakeful.store import Store
 
@@ -248,8 +248,7 @@ async def worker_main(args: argparse.Namespace) -> None:
     await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
     if task.done():
         task.result()
-    gc.collect()
-    gc.freeze()  # as `wakeful worker` does
+    settle_for_long_run()  # as `wakeful worker` does
     t0 = time.perf_counter()
     c0 = time.process_time()
     emit(event="ready", startup_s=t0 - started, partitions=len(worker.leases))
@@ -309,8 +308,7 @@ async def share_main(args: argparse.Namespace) -> None:
     await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
     if task.done():
         task.result()
-    gc.collect()
-    gc.freeze()
+    settle_for_long_run()
     emit(event="ready")
     while not task.done():
         emit(event="progress", committed=PROBE.committed, by_partition=PROBE.by_partition)

@@ -477,5 +477,8 @@ def add_gc_freeze_argument(parser: Any) -> None:
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
-        help="do not gc.freeze() the worker after startup (the `wakeful worker` CLI does)",
+        help=(
+            "leave the worker's garbage collector as started (the `wakeful worker` CLI "
+            "freezes start-up objects and collects rarely: wakeful.heap)"
+        ),
     )

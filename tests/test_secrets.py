@@ -116,6 +116,26 @@ def test_the_cli_log_handler_redacts_every_line(capsys):
     assert PASSWORD not in err
 
 
+def test_the_http_servers_log_lines_are_redacted_too(capsys):
+    """uvicorn's own loggers (an ASGI traceback, say) go through the same handler: with
+    uvicorn's logging configuration they had handlers of their own, unredacted."""
+    from wakeful.cli import _log_redacted
+    from wakeful.http_limits import server_config
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        _log_redacted(logging.INFO, url_secrets(f"redis://:{PASSWORD}@h"))
+        server_config(object(), host="127.0.0.1", port=1, settings=Settings())
+        logging.getLogger("uvicorn.error").error("lost redis://:%s@h", PASSWORD)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert "uvicorn.error: lost redis://:***@h" in err
+    assert PASSWORD not in err
+
+
 # -- tokens --------------------------------------------------------------------------
 
 
