@@ -27,6 +27,11 @@ class Settings:
     # A long lease with a short interval survives long stalls of a loaded machine and
     # still notices a joining or leaving worker soon (handover waits for a heartbeat).
     heartbeat_interval_ms: int = 0
+    # How long the worker's event loop may be stalled (a handler blocking it, a loaded
+    # machine) while a thread of the worker keeps its leases (stall_guard.py); a loop
+    # stalled longer lets them lapse, so a wedged process frees its partitions. 0: no
+    # thread, the leases lapse after lease_ttl_ms of stall.
+    stall_limit_ms: int = 300_000
     max_concurrency: int = 256
     read_count: int = 256
     block_ms: int = 500
@@ -118,7 +123,13 @@ class Settings:
             raise ConfigError(
                 f"setting replica_wait_ms must be at least 1, got {self.replica_wait_ms}"
             )
-        for name in ("retention_s", "retention_entries", "retention_sweep_s", "replica_wait"):
+        for name in (
+            "retention_s",
+            "retention_entries",
+            "retention_sweep_s",
+            "replica_wait",
+            "stall_limit_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative, got {getattr(self, name)}")
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):

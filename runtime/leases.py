@@ -65,6 +65,13 @@ class Lease:
     def valid(self) -> bool:
         return time.monotonic() < self.valid_until
 
+    def extend(self, until: float) -> None:
+        """A renewal sent at ``until - ttl`` went through. Never moves the expiry back:
+        the stall guard's thread renews too, and an older renewal's answer can come
+        later."""
+        if until > self.valid_until:
+            self.valid_until = until
+
 
 def _cause(exc: BaseException) -> str:
     """Why a lease tick failed, in words: a full Redis is not an unreachable one."""
@@ -107,6 +114,9 @@ class LeaseKeeper:
         self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
         self._failing: str | None = None  # the cause of the failing ticks, while they fail
+        # When the last renewal that Redis answered was sent (time.monotonic()): the
+        # stall guard renews in its place once this is overdue (stall_guard.py).
+        self.renewed_at = time.monotonic()
 
     # -- queries -------------------------------------------------------------
 
@@ -212,6 +222,8 @@ class LeaseKeeper:
             log.warning("worker %s: renewing its leases failed: %s", self.worker_id, exc)
             return False, False
         lost, answered = False, not held
+        if any(not isinstance(r, Exception) for r in results):
+            self.renewed_at = started
         for (partition, lease), result in zip(held, results, strict=True):
             if isinstance(result, Exception):
                 log.warning(
@@ -223,7 +235,7 @@ class LeaseKeeper:
                 continue
             answered = True
             if result:
-                lease.valid_until = started + ttl_ms / 1000
+                lease.extend(started + ttl_ms / 1000)
             elif self.held.get(partition) is lease:
                 self.lose(partition, "lease lost")
                 lost = True

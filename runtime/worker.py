@@ -41,6 +41,7 @@ from .registry import Registry
 from .retention import Exporter, JsonlExporter, Retention
 from .runners import Runners
 from .services import HandlerServices
+from .stall_guard import StallGuard
 from .store import Store
 from .sweep import RetentionSweep
 from .tasks import first_error
@@ -107,6 +108,15 @@ class Worker:
             self._lease_redis, store.keys, idempotency_ttl_ms=store.idempotency_ttl_ms
         )
         self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
+        # Keeps the leases while the loop is stalled: a thread, with a connection of its own.
+        self.stall_guard = StallGuard(
+            self.lease_keeper,
+            settings,
+            self.id,
+            lambda: Store(
+                dedicated(store.redis, 1), store.keys, idempotency_ttl_ms=store.idempotency_ttl_ms
+            ),
+        )
         self.listeners = Listeners(
             store, settings, self.id, self.lease_keeper, self.runners, self._fault, self._now
         )
@@ -130,6 +140,7 @@ class Worker:
         """Die like ``kill -9`` would: stop every task now, release nothing (for tests)."""
         self._killed = True
         self.runners.killed = True
+        self.stall_guard.stop()
         if self._scope is not None:
             self._scope.cancel()
         self._stopping.set()
@@ -144,7 +155,9 @@ class Worker:
         try:
             await self._run()
         finally:
+            self.stall_guard.stop()
             with anyio.CancelScope(shield=True):
+                await self.stall_guard.join()
                 await self._lease_store.close_routes()
                 await self._lease_redis.aclose()
             self.stopped.set()
@@ -170,10 +183,12 @@ class Worker:
         )
         log.info("worker %s starting", self.id)
         failure: BaseException | None = None
+        self.stall_guard.start()
         try:
             await self._run_rooms()
         except BaseException as exc:  # a loop died, or the worker was cancelled or killed
             failure = exc
+        self.stall_guard.stop()  # the leases go back now: renew none of them again
         if not self._killed:
             await self.lease_keeper.release_all()
         for url in self.services.pooled():
