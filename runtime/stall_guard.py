@@ -13,8 +13,11 @@ its own. Twice a heartbeat it asks the worker's loop to run a probe
 heartbeats old) and the probe has waited less than ``stall_limit_ms``, it renews the
 held leases itself:
 the same fenced script, so a lease released or taken over meanwhile is not brought
-back, and each renewal moves the lease's local expiry only forward. It heartbeats
-too, so the worker stays listed. A loop stalled past ``stall_limit_ms`` lets its
+back, and each renewal moves the lease's local expiry only forward. (It does not
+heartbeat: a stall past two leases drops the worker from the list of live ones,
+so others try to take its partitions, and cannot while its leases hold; a
+heartbeat in flight at shutdown would have listed a worker that had left.) A loop
+stalled past ``stall_limit_ms`` lets its
 leases lapse as before: a wedged process does not hold its partitions for good. A
 process that is stopped or killed (SIGSTOP, kill -9, a frozen VM) stops this
 thread with it, so lapses and zombies are what they were.
@@ -195,7 +198,6 @@ class StallGuard:
         held = list(dict(self._keeper.held).items())  # a copy made in one step
         ttl_ms = self._settings.lease_ttl_ms
         started = time.monotonic()
-        await store.heartbeat(self._worker_id, ttl_ms * 2)
         results = await store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
         for (_, lease), renewed in zip(held, results, strict=True):
             if renewed is True:

@@ -4,7 +4,7 @@
 # The cluster tests (tests/test_cluster.py, marked `cluster`) start local Redis Clusters of their own.
 #   scripts/test.sh --cluster [pytest args]   runs the Redis-backed subset below on the
 #   cluster backend too (a local 3-master, 3-replica cluster; about two to three minutes).
-CLUSTER_SUBSET=(tests/test_cluster.py tests/test_leases.py tests/test_wake_pointers.py
+CLUSTER_SUBSET=(tests/test_cluster.py tests/test_leases.py tests/test_stall_guard.py tests/test_wake_pointers.py
   tests/test_scripts.py tests/test_delivery.py tests/test_bad_items.py tests/test_commit_points.py
   tests/test_retention.py tests/test_schedules.py)
 source "$(dirname "$0")/_venv.sh" test
