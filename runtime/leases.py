@@ -31,7 +31,7 @@ import secrets
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -110,6 +110,12 @@ class LeaseKeeper:
         self.held: dict[int, Lease] = {}
         self.changed = asyncio.Event()  # the set of readable partitions changed
         self.on_change: list[Callable[[], None]] = []  # told too (the timer loop)
+        # Awaited after a tick that acquired partitions, until they all go through once:
+        # what the worker keeps in Redis beside its leases (its types) is put back, since
+        # an acquisition also follows a Redis that lost its data (a restart without
+        # persistence, a failover to an empty replica), which took the leases with it.
+        self.on_acquired: list[Callable[[], Awaitable[None]]] = []
+        self._acquired_pending = False
         self.ready = asyncio.Event()  # set after the first successful tick
         self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
@@ -197,11 +203,26 @@ class LeaseKeeper:
         self.expire_invalid()
         if beat is not None and not renewed:
             raise beat
-        changed = await self._acquire(desired) or changed
+        acquired = await self._acquire(desired)
+        changed = acquired or changed
+        self._acquired_pending = self._acquired_pending or acquired
+        await self._after_acquired()
         changed = await self._hand_over(desired) or changed
         await self._sweep()
         if changed:
             self._changed()
+
+    async def _after_acquired(self) -> None:
+        """Run the ``on_acquired`` hooks; a failure is logged and tried at the next tick."""
+        if not self._acquired_pending:
+            return
+        try:
+            for hook in self.on_acquired:
+                await hook()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("worker %s: after acquiring partitions: %s", self.worker_id, exc)
+            return
+        self._acquired_pending = False
 
     def _changed(self) -> None:
         self.changed.set()

@@ -196,6 +196,15 @@ class BadItem:
         return f"bad {self.kind} {self.item!r} in {self.key}: {self.reason}"
 
 
+def lost_group(exc: BaseException) -> bool:
+    """Whether a read failed because the inbox or its consumer group is gone (a Redis
+    that lost its data, or an inbox deleted): Redis says ``NOGROUP``, or ``UNBLOCKED``
+    to a read blocked on the stream when it is deleted; fakeredis, for a stream that
+    does not exist, says that the subcommand "requires the key to exist"."""
+    text = str(exc)
+    return any(sign in text for sign in ("NOGROUP", "UNBLOCKED", "requires the key to exist"))
+
+
 def _pointer(
     keys: Keyspace, partition: int, entry_id: Any, fields: dict[bytes, bytes]
 ) -> Pointer | BadItem:
@@ -831,7 +840,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         for partition, exc in failed:
             if not isinstance(exc, Exception):
                 raise exc
-            if "NOGROUP" in str(exc):
+            if lost_group(exc):
                 await self.ensure_group(partition)
             elif len(failed) == len(partitions):
                 raise exc
@@ -887,7 +896,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                     for entry_id, fields in entries
                     if fields
                 )
-            nogroup = [p for p, exc in failed if "NOGROUP" in str(exc)]
+            nogroup = [p for p, exc in failed if lost_group(exc)]
             for p in nogroup:
                 await self.ensure_group(p)
             failed = [(p, exc) for p, exc in failed if p not in nogroup]
@@ -945,7 +954,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         try:
             return await self.read_inbox(partitions, consumer, count, block_ms)
         except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if not lost_group(exc):
                 raise
         for p in partitions:
             await self.ensure_group(p)

@@ -108,6 +108,7 @@ class Worker:
             self._lease_redis, store.keys, idempotency_ttl_ms=store.idempotency_ttl_ms
         )
         self.lease_keeper = LeaseKeeper(lease_store, settings, self.id, self.runners)
+        self.lease_keeper.on_acquired.append(self._publish_types)
         # Keeps the leases while the loop is stalled: a thread, with a connection of its own.
         self.stall_guard = StallGuard(
             self.lease_keeper,
@@ -178,9 +179,7 @@ class Worker:
                 "noeviction, so that a full Redis refuses writes instead",
                 policy,
             )
-        await self.store.publish_types(
-            {t.name: msgspec.json.encode(t.manifest()) for t in self.registry}
-        )
+        await self._publish_types()
         log.info("worker %s starting", self.id)
         failure: BaseException | None = None
         self.stall_guard.start()
@@ -228,6 +227,13 @@ class Worker:
                     with anyio.CancelScope(shield=True):  # also when killed or failing
                         await self.runners.stop_all()
             worker_group.cancel_scope.cancel()  # the lease loop: after the last wake
+
+    async def _publish_types(self) -> None:
+        """Record the registry's types in Redis (clients refuse a type no worker runs).
+        Again after every acquisition: a Redis that lost its data lost them too."""
+        await self.store.publish_types(
+            {t.name: msgspec.json.encode(t.manifest()) for t in self.registry}
+        )
 
     def _fault(self, point: str) -> None:
         if self.fault_hook is not None:

@@ -12,6 +12,7 @@ import sys
 import pytest
 from test_cli import ROOT, cli_env, run, worker_registry
 
+from tests.apps.harness import until
 from wakeful import HandlerContext, Registry, Runtime, Settings, UnknownEntityTypeError, Wake
 from wakeful.entities import notes
 
@@ -56,6 +57,32 @@ async def test_unknown_type_on_a_fresh_keyspace_says_no_worker_runs(cluster):
     with pytest.raises(UnknownEntityTypeError) as refused:
         await client.send("/assistant/a1", "hello")
     assert "no worker" not in str(refused.value)
+
+
+async def test_a_worker_puts_its_types_back_after_redis_lost_its_data(cluster):
+    """A Redis restarted without persistence (or failed over to an empty replica) comes
+    back empty: the worker re-acquires its leases, and its types must come back with
+    them, or every client refuses the types it runs ("unknown entity type")."""
+    rt = await cluster.runtime(notes_registry())
+    await rt.send("/notes/before", "add milk")
+    await rt.wait_idle("/notes/before", timeout=30)
+    side = cluster.redis()
+    async for key in side.scan_iter(match=f"{cluster.prefix}:*", count=1000):
+        await side.delete(key)  # every key of the keyspace: what an empty restart leaves
+    await side.aclose()
+
+    client = await cluster.runtime(run_worker=False)  # a new client (a new CLI process)
+
+    async def accepted() -> bool:
+        try:
+            await client.send("/notes/after", "add eggs")
+        except UnknownEntityTypeError:
+            return False
+        return True
+
+    await until(accepted, 30, "the worker to publish its types again")
+    status = await client.wait_idle("/notes/after", timeout=30)
+    assert status.status == "idle"
 
 
 async def test_wait_idle_timeout_says_no_worker_runs(cluster):
