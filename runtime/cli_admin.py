@@ -51,7 +51,12 @@ async def metrics_server(rt: Runtime, sock: socket.socket | None) -> AsyncIterat
         return
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(health.app(rt), log_level="warning", lifespan="off"))
+    from .http_limits import logged_through_root
+
+    config = uvicorn.Config(
+        health.app(rt), log_level="warning", lifespan="off", log_config=logged_through_root()
+    )
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="wakeful-metrics")
     host, port = sock.getsockname()[:2]
     print(f"metrics on http://{host}:{port}/metrics (and /healthz, /readyz)", flush=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import http
 import ipaddress
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -70,12 +71,27 @@ def server_config(app: Any, *, host: str, port: int, settings: Settings) -> uvic
         host=host,
         port=port,
         log_level="warning",
-        # None: uvicorn logs through the root logger, whose lines are redacted (its own
-        # configuration gives its loggers handlers of their own)
-        log_config=None,
+        log_config=logged_through_root(),
         http=guarded_protocol(ServerLimits.of(settings)),
         timeout_keep_alive=settings.keep_alive_s,
     )
+
+
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
+def logged_through_root() -> None:
+    """Make uvicorn's loggers log through the root logger, whose handler (the CLI's)
+    redacts every line; returns the ``log_config`` that keeps them so (None).
+
+    uvicorn's own logging configuration gives its loggers handlers of their own that
+    do not propagate, so a secret in an ASGI traceback was printed as is; a server
+    configured before in the same process leaves those handlers behind."""
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    return None
 
 
 def guarded_protocol(limits: ServerLimits) -> type[GuardedHttpTools]:

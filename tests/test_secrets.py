@@ -118,7 +118,10 @@ def test_the_cli_log_handler_redacts_every_line(capsys):
 
 def test_the_http_servers_log_lines_are_redacted_too(capsys):
     """uvicorn's own loggers (an ASGI traceback, say) go through the same handler: with
-    uvicorn's logging configuration they had handlers of their own, unredacted."""
+    uvicorn's logging configuration they had handlers of their own, unredacted, and a
+    server configured before in the process (uvicorn's default) leaves them behind."""
+    import uvicorn
+
     from wakeful.cli import _log_redacted
     from wakeful.http_limits import server_config
 
@@ -126,6 +129,7 @@ def test_the_http_servers_log_lines_are_redacted_too(capsys):
     level, handlers = root.level, list(root.handlers)
     try:
         _log_redacted(logging.INFO, url_secrets(f"redis://:{PASSWORD}@h"))
+        uvicorn.Config(object(), log_level="warning")  # uvicorn's own logging configuration
         server_config(object(), host="127.0.0.1", port=1, settings=Settings())
         logging.getLogger("uvicorn.error").error("lost redis://:%s@h", PASSWORD)
     finally:
