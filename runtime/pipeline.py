@@ -119,7 +119,14 @@ class WakePipeline:
         try:
             entity_type = self.registry.get(meta.type)
         except UnknownEntityTypeError as exc:
-            await self.parking.park(ticket, str(exc), [], meta.attempts)
+            error = str(exc)
+            if await self.store.type_published(meta.type):
+                error += (
+                    f"; another worker of this keyspace runs {meta.type!r}, the worker that "
+                    "owns this entity's partition does not: every worker on a keyspace must "
+                    "run the same app"
+                )
+            await self.parking.park(ticket, error, [], meta.attempts)
             return
         if meta.undelivered:
             await self.delivery.pending(ticket, meta.out_done)

@@ -179,7 +179,17 @@ class Worker:
                 "noeviction, so that a full Redis refuses writes instead",
                 policy,
             )
+        others = set(await self.store.published_type_names()) - set(self.registry.names())
         await self._publish_types()
+        if others:
+            log.warning(
+                "worker %s does not run the entity types %s, which other workers of this "
+                "keyspace registered: every worker on a keyspace must run the same app, "
+                "since any of them may own any entity's partition (an entity of a type its "
+                "owner lacks fails there, 'unknown entity type')",
+                self.id,
+                ", ".join(sorted(others)),
+            )
         log.info("worker %s starting", self.id)
         failure: BaseException | None = None
         self.stall_guard.start()

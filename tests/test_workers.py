@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 
@@ -83,6 +84,30 @@ async def test_a_worker_puts_its_types_back_after_redis_lost_its_data(cluster):
     await until(accepted, 30, "the worker to publish its types again")
     status = await client.wait_idle("/notes/after", timeout=30)
     assert status.status == "idle"
+
+
+async def test_a_worker_without_a_type_another_worker_runs_says_so(cluster, caplog):
+    """Two apps on one keyspace: an entity whose partition the other app's worker owns
+    fails there; the worker warns at start, and the entity's error says why."""
+    alpha = Registry()
+
+    @alpha.entity("alpha")
+    async def handle(ctx: HandlerContext) -> None:
+        pass
+
+    notes.register(alpha)
+    first = await cluster.runtime(alpha)
+    await first.close()  # its types stay published
+    caplog.set_level(logging.WARNING, logger="wakeful.worker")
+    other = await cluster.runtime(notes_registry())  # owns every partition now
+    assert any("does not run the entity types alpha" in r.getMessage() for r in caplog.records), (
+        "the worker should warn at start"
+    )
+    await other.send("/alpha/a1", "hello")
+    status = await other.wait_idle("/alpha/a1", timeout=30)
+    assert status.status == "failed"
+    assert "unknown entity type 'alpha'" in (status.error or "")
+    assert "every worker on a keyspace must run the same app" in (status.error or "")
 
 
 async def test_wait_idle_timeout_says_no_worker_runs(cluster):
