@@ -120,6 +120,7 @@ class LeaseKeeper:
         self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
         self._failing: str | None = None  # the cause of the failing ticks, while they fail
+        self._said: dict[str, str] = {}  # topic -> the failure last warned of (_warn_once)
         # When the last renewal that Redis answered was sent (time.monotonic()): the
         # stall guard renews in its place once this is overdue (stall_guard.py).
         self.renewed_at = time.monotonic()
@@ -180,6 +181,20 @@ class LeaseKeeper:
             log.warning("worker %s: lease tick failed (%s): %s", self.worker_id, cause, exc)
         self._failing = cause
 
+    def _warn_once(self, topic: str, failure: BaseException, message: str, *args: object) -> None:
+        """Warn of ``failure`` on ``topic`` once while it lasts (debug after): a Redis
+        outage fails the heartbeat and every partition's acquisition at every tick, and
+        would otherwise repeat the same lines several times a second."""
+        said = type(failure).__name__  # by kind: its text changes (closed, then refused)
+        if self._said.get(topic) == said:
+            log.debug(message, *args)
+            return
+        self._said[topic] = said
+        log.warning(message, *args)
+
+    def _went_through(self, topic: str) -> None:
+        self._said.pop(topic, None)
+
     async def tick(self) -> None:
         """Heartbeat, renew, acquire, hand over, sweep. Raises (a transient error) only
         when nothing of it went through: the heartbeat and every renewal failed."""
@@ -187,6 +202,7 @@ class LeaseKeeper:
         beat: BaseException | None = None
         try:
             live = await self.store.heartbeat(self.worker_id, s.lease_ttl_ms * 2)
+            self._went_through("heartbeat")
         except RedisFullError:
             # A full Redis refuses the heartbeat's ZADD, but not a renewal (PEXPIRE grows
             # nothing): keep what is held, take nothing new until memory is freed.
@@ -194,7 +210,9 @@ class LeaseKeeper:
             raise
         except TRANSIENT_ERRORS as exc:  # the registry's master is down: go on as last seen
             beat, live = exc, list(self._live)
-            log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
+            self._warn_once(
+                "heartbeat", exc, "worker %s: heartbeat failed: %s", self.worker_id, exc
+            )
         if self.worker_id not in live:
             live.append(self.worker_id)
         self._live = live
@@ -240,20 +258,26 @@ class LeaseKeeper:
         try:
             results = await self.store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
         except Exception as exc:  # one node, one call: none of them went through
-            log.warning("worker %s: renewing its leases failed: %s", self.worker_id, exc)
+            self._warn_once(
+                "renew", exc, "worker %s: renewing its leases failed: %s", self.worker_id, exc
+            )
             return False, False
+        self._went_through("renew")
         lost, answered = False, not held
         if any(not isinstance(r, Exception) for r in results):
             self.renewed_at = started
         for (partition, lease), result in zip(held, results, strict=True):
             if isinstance(result, Exception):
-                log.warning(
+                self._warn_once(
+                    f"renew {partition}",
+                    result,
                     "worker %s: renewing the lease of partition %d failed: %s",
                     self.worker_id,
                     partition,
                     result,
                 )
                 continue
+            self._went_through(f"renew {partition}")
             answered = True
             if result:
                 lease.extend(started + ttl_ms / 1000)
@@ -269,16 +293,23 @@ class LeaseKeeper:
         results = await asyncio.gather(
             *(self._acquire_one(p) for p in wanted), return_exceptions=True
         )
+        failed: list[tuple[int, Exception]] = []
         for partition, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
-                log.warning(
-                    "worker %s: acquiring partition %d failed: %r",
-                    self.worker_id,
-                    partition,
-                    result,
-                )
+                failed.append((partition, result))
+        if failed:  # one line for them all: in an outage, every partition fails alike
+            self._warn_once(
+                "acquire",
+                failed[0][1],
+                "worker %s: acquiring partition(s) %s failed: %r",
+                self.worker_id,
+                ", ".join(str(p) for p, _ in failed),
+                failed[0][1],
+            )
+        elif wanted:
+            self._went_through("acquire")
         # held, even if setting up its group or sweeping it failed: readers should know
         return any(p in self.held for p in wanted)
 

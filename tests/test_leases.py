@@ -238,3 +238,55 @@ async def test_leases_rebalance_when_workers_join_and_leave(cluster, prefix, mon
         assert overlaps == 0
     finally:
         await side.aclose()
+
+
+@pytest.mark.redis_only
+async def test_a_redis_outage_is_logged_once_not_every_tick(tmp_path, prefix, caplog):
+    """While Redis is away the heartbeat and every partition's acquisition fail at each
+    tick: each is a warning once while it lasts, not a line per partition per tick."""
+    import logging
+    import shutil
+
+    from tests.apps.harness import PrivateRedis
+    from wakeful import Registry, Runtime, Settings
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    reg = Registry()
+
+    @reg.entity("noop")
+    async def noop(ctx) -> None:
+        pass
+
+    settings = Settings(
+        redis_url=server.url, prefix=prefix, partitions=16, lease_ttl_ms=600, socket_timeout_s=1
+    )
+    rt = Runtime(reg, settings=settings, run_worker=True)
+    await rt.start()
+    try:
+        caplog.set_level(logging.DEBUG, logger="wakeful.leases")
+        server.kill()
+
+        def failed_ticks() -> int:
+            return sum("heartbeat failed" in r.getMessage() for r in caplog.records)
+
+        await until(lambda: _true(failed_ticks() >= 8), 60, "eight ticks without Redis")
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name == "wakeful.leases"
+        ]
+        # once per kind of failure (a closed connection, then a refused one, are one kind)
+        assert sum("heartbeat failed" in w for w in warnings) <= 2, warnings
+        assert sum("acquiring partition" in w for w in warnings) <= 2, warnings
+        assert len(warnings) < 8 + 16, warnings  # the 16 "lost partition" lines, and a few
+    finally:
+        server.start()
+        await rt.close()
+        server.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
