@@ -53,9 +53,8 @@ async def metrics_server(rt: Runtime, sock: socket.socket | None) -> AsyncIterat
 
     from .http_limits import logged_through_root
 
-    config = uvicorn.Config(
-        health.app(rt), log_level="warning", lifespan="off", log_config=logged_through_root()
-    )
+    logged_through_root()
+    config = uvicorn.Config(health.app(rt), log_level="warning", lifespan="off", log_config=None)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="wakeful-metrics")
     host, port = sock.getsockname()[:2]

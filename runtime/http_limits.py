@@ -66,12 +66,13 @@ class ServerLimits:
 def server_config(app: Any, *, host: str, port: int, settings: Settings) -> uvicorn.Config:
     """The uvicorn configuration of ``wakeful serve``: ``app`` behind the limits of
     ``settings``."""
+    logged_through_root()
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level="warning",
-        log_config=logged_through_root(),
+        log_config=None,  # keep the loggers as logged_through_root left them
         http=guarded_protocol(ServerLimits.of(settings)),
         timeout_keep_alive=settings.keep_alive_s,
     )
@@ -82,7 +83,7 @@ UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 def logged_through_root() -> None:
     """Make uvicorn's loggers log through the root logger, whose handler (the CLI's)
-    redacts every line; returns the ``log_config`` that keeps them so (None).
+    redacts every line; a server's ``log_config=None`` then keeps them so.
 
     uvicorn's own logging configuration gives its loggers handlers of their own that
     do not propagate, so a secret in an ASGI traceback was printed as is; a server
@@ -91,7 +92,6 @@ def logged_through_root() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-    return None
 
 
 def guarded_protocol(limits: ServerLimits) -> type[GuardedHttpTools]:
