@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("call", help="the tool call id (see wakeful pending)")
     p.add_argument("data", help="the tool data, as JSON")
+    identity(p)
     p = command("create", "create an entity (get-or-create), optionally with a first message")
     p.add_argument("url")
     p.add_argument("--args", metavar="JSON", help="the entity's args, as JSON")

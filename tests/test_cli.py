@@ -324,6 +324,21 @@ async def test_set_data_and_skip_a_pending_call_from_the_command_line(worker, se
     assert not result.is_error and result.details["output"]["reason"] == "not now"
 
 
+async def test_set_data_acts_as_the_identity_given(worker, server_url, prefix):
+    """alice's run: set-data needs her identity, as approve and deny do."""
+    alice = {"user": "alice"}
+    await worker.ask("/assistant/k2", "remember that my city is Lyon", identity=alice)
+    await worker.send("/assistant/k2", "forget my city", identity=alice)
+    assert (await worker.wait_idle("/assistant/k2")).status == "suspended"
+    [action] = await worker.pending_actions("/assistant/k2")
+    data = ("set-data", "/assistant/k2", action.tool_call_id, '{"seen": true}')
+    anonymous = await run(server_url, prefix, *data)
+    assert anonymous.returncode == 1 and "may not set the tool data" in anonymous.stderr
+    as_alice = await run(server_url, prefix, *data, "--identity", "user=alice")
+    assert as_alice.returncode == 0, as_alice.stderr
+    assert await worker.tool_data("/assistant/k2") == {action.tool_call_id: {"seen": True}}
+
+
 async def test_tail_json_and_resume(worker, server_url, prefix):
     await worker.ask("/assistant/t1", "calculate 2 * 21")
     whole = await run(server_url, prefix, "tail", "/assistant/t1", "--json")
