@@ -339,6 +339,19 @@ async def test_set_data_acts_as_the_identity_given(worker, server_url, prefix):
     assert await worker.tool_data("/assistant/k2") == {action.tool_call_id: {"seen": True}}
 
 
+async def test_export_to_a_path_it_cannot_write_is_an_error(worker, server_url, prefix, tmp_path):
+    await worker.send("/notes/e1", "add x")
+    await worker.wait_idle("/notes/e1")
+    for path, reason in (
+        (tmp_path, "Is a directory"),
+        (tmp_path / "missing" / "x.jsonl", "No such file or directory"),
+        (Path("/dev/full"), "No space left on device"),  # it opens; writing fails
+    ):
+        exported = await run(server_url, prefix, "export", "/notes/e1", "-o", str(path))
+        assert exported.returncode == 1, exported.stderr
+        assert exported.stderr == f"error: cannot write {path}: {reason}\n"
+
+
 async def test_tail_json_and_resume(worker, server_url, prefix):
     await worker.ask("/assistant/t1", "calculate 2 * 21")
     whole = await run(server_url, prefix, "tail", "/assistant/t1", "--json")
