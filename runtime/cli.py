@@ -50,10 +50,10 @@ import redis.exceptions
 from . import cli_actions, cli_admin, cli_entities, cli_messages, cli_processes, terminal
 from .cli_connect import client_of
 from .cli_connect import load_registry as load_registry
-from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, UNREACHABLE, build_parser
+from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, TIMED_OUT, UNREACHABLE, build_parser
 from .cli_reply import PromptInterrupted
 from .client import Runtime
-from .errors import RedisFullError, ReplicaWaitError, WakefulError
+from .errors import RedisFullError, ReplicaWaitError, WaitTimeoutError, WakefulError
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .terminal import err
 
@@ -133,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReplicaWaitError as exc:  # written, not yet confirmed: worth a retry
         error(str(exc))
         return UNREACHABLE
+    except WaitTimeoutError as exc:  # a --timeout passed (delete, compact, reset)
+        error(str(exc))
+        return TIMED_OUT
     except WakefulError as exc:
         error(str(exc))
         return ERROR
