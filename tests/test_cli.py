@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -384,6 +385,29 @@ def test_serve_answers_http_on_the_embedded_default():
                 break
             time.sleep(0.05)
         assert state["notes"] == [{"id": 1, "text": "milk", "done": False}]
+
+
+def test_serve_on_a_port_in_use_fails_before_its_banner():
+    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = ["serve", "wakeful.entities:registry", "--port", str(port)]
+        served = subprocess.run(
+            [sys.executable, "-m", "wakeful.cli", *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert served.returncode == 1, served.stderr
+    assert served.stdout == ""  # no banner: nothing was served
+    assert (
+        served.stderr
+        == f"error: --port {port}: cannot listen on 127.0.0.1: port {port} is in use\n"
+    )
 
 
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):
