@@ -57,6 +57,13 @@ from .errors import RedisFullError, ReplicaWaitError, WaitTimeoutError, WakefulE
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .terminal import err
 
+# Exit code 1 (ERROR): Redis answered and refused the URL's user name or password (WRONGPASS,
+# NOAUTH; a user name given to a Redis before 6). redis-py derives AuthenticationError
+# from ConnectionError, so it is caught before UNREACHABLE_ERRORS: Redis is reachable.
+AUTHENTICATION_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
 # Exit code 6 (UNREACHABLE): Redis did not answer, or a cluster is failing over or moving
 # a slot (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED / ASK left over, no reachable node).
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -138,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return TIMED_OUT
     except WakefulError as exc:
         error(str(exc))
+        return ERROR
+    except AUTHENTICATION_ERRORS as exc:
+        error(f"Redis refused the credentials of {redact_url(redis_url)}: {exc}")
         return ERROR
     except UNREACHABLE_ERRORS as exc:
         error(f"cannot reach Redis at {redact_url(redis_url)}: {exc}")

@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -210,6 +211,25 @@ def test_unreachable_redis_exits_6(prefix):
     result = wakeful("redis://127.0.0.1:1/0", prefix, "ls", "notes")
     assert result.returncode == 6
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
+
+
+def test_wrong_redis_credentials_are_refused_not_unreachable(real_redis_url, prefix):
+    """Redis answered: a user name or password it refuses is exit 1, not 6 (unreachable),
+    the password redacted. A real Redis: the fake one takes any credentials."""
+    address = urlsplit(real_redis_url).netloc.rpartition("@")[2]
+    wrong = urlsplit(real_redis_url)._replace(netloc=f"nobody:pw-{prefix}@{address}")
+    result = subprocess.run(
+        [sys.executable, "-m", "wakeful.cli", "send", "/notes/x", "hi"],
+        cwd=ROOT,
+        env=cli_env(prefix, WAKEFUL_REDIS_URL=urlunsplit(wrong)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    shown = urlunsplit(wrong._replace(netloc=f"nobody:***@{address}"))
+    assert f"error: Redis refused the credentials of {shown}: " in result.stderr
+    assert f"pw-{prefix}" not in result.stderr
 
 
 async def test_ask_streams_the_reply(worker, server_url, prefix):
