@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable actors for LLM agents",
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
         "action, 5 timed out, 6 Redis unreachable, 7 answer truncated, 8 model refused, "
-        "130 interrupted",
+        "130 interrupted, 141 the reader of stdout went away (| head)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)

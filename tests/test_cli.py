@@ -232,6 +232,14 @@ def test_wrong_redis_credentials_are_refused_not_unreachable(real_redis_url, pre
     assert f"pw-{prefix}" not in result.stderr
 
 
+def test_help_lists_every_exit_code():
+    from wakeful import cli_parser
+
+    codes = {v for k, v in vars(cli_parser).items() if k.isupper() and isinstance(v, int)}
+    epilog = " ".join(cli_parser.build_parser().format_help().split("exit codes:")[1].split())
+    assert codes and all(f" {code} " in f" {epilog}" for code in codes), epilog
+
+
 async def test_ask_streams_the_reply(worker, server_url, prefix):
     asked = await run(server_url, prefix, "ask", "/assistant/a1", "remember that my color is teal")
     assert asked.returncode == 0, asked.stderr
