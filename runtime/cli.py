@@ -50,13 +50,20 @@ import redis.exceptions
 from . import cli_actions, cli_admin, cli_entities, cli_messages, cli_processes, terminal
 from .cli_connect import client_of
 from .cli_connect import load_registry as load_registry
-from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, UNREACHABLE, build_parser
+from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, TIMED_OUT, UNREACHABLE, build_parser
 from .cli_reply import PromptInterrupted
 from .client import Runtime
-from .errors import RedisFullError, ReplicaWaitError, WakefulError
+from .errors import RedisFullError, ReplicaWaitError, WaitTimeoutError, WakefulError
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .terminal import err
 
+# Exit code 1 (ERROR): Redis answered and refused the URL's user name or password (WRONGPASS,
+# NOAUTH; a user name given to a Redis before 6). redis-py derives AuthenticationError
+# from ConnectionError, so it is caught before UNREACHABLE_ERRORS: Redis is reachable.
+AUTHENTICATION_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
 # Exit code 6 (UNREACHABLE): Redis did not answer, or a cluster is failing over or moving
 # a slot (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED / ASK left over, no reachable node).
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -133,8 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReplicaWaitError as exc:  # written, not yet confirmed: worth a retry
         error(str(exc))
         return UNREACHABLE
+    except WaitTimeoutError as exc:  # a --timeout passed (delete, compact, reset)
+        error(str(exc))
+        return TIMED_OUT
     except WakefulError as exc:
         error(str(exc))
+        return ERROR
+    except AUTHENTICATION_ERRORS as exc:
+        error(f"Redis refused the credentials of {redact_url(redis_url)}: {exc}")
         return ERROR
     except UNREACHABLE_ERRORS as exc:
         error(f"cannot reach Redis at {redact_url(redis_url)}: {exc}")

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,15 +32,23 @@ from .urls import parse_url
 def listen(host: str, port: int | None) -> socket.socket | None:
     """The socket for ``--metrics-port`` (None without one), bound before the worker
     starts, so a port in use fails the command before it joins the keyspace."""
-    if port is None:
-        return None
+    return None if port is None else bind(host, port, "--metrics-port")
+
+
+def bind(host: str, port: int, flag: str) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds one), for a server to listen on.
+
+    A command binds it before it starts anything or prints its banner: a port in use (or
+    a bad address) is an error naming ``flag``, and the command has done nothing yet."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:  # in use, not an address, not 0-65535
         sock.close()
-        raise WakefulError(f"--metrics-port {port}: cannot listen on {host}: {exc}") from None
+        in_use = isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+        reason = f"port {port} is in use" if in_use else str(exc)
+        raise WakefulError(f"{flag} {port}: cannot listen on {host}: {reason}") from None
     return sock
 
 

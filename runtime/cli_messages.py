@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -114,21 +116,54 @@ async def export(args: argparse.Namespace) -> int:
     rt = await client_of(args)
     try:
         await rt.status(args.url)  # a clear error for a missing entity
-        sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
-        try:
-            lines = 0
+        lines = 0
+        with output(args.output) as write:
             async for record in rt.export_log(args.url):
-                sink.write(json_lines([record]))
+                write(json_lines([record]))
                 lines += 1
-            sink.flush()
-        finally:
-            if sink is not sys.stdout:
-                sink.close()
     finally:
         await rt.close()
     if args.output:
         err.print(f"wrote {lines} entries of {args.url} to {args.output}", markup=False)
     return OK
+
+
+@contextlib.contextmanager
+def output(path: str | None) -> Iterator[Callable[[str], object]]:
+    """A ``write(text)`` to the file ``path`` (stdout if None), closed at the end.
+
+    A file that cannot be opened, written or closed (a directory, a missing folder, no
+    permission, a full disk) is a :class:`WakefulError` naming it, not a traceback. Only
+    the file's own calls are guarded: an OSError of the caller's block passes unchanged."""
+    if path is None:
+        yield sys.stdout.write
+        sys.stdout.flush()
+        return
+
+    def cannot_write(exc: OSError) -> WakefulError:
+        return WakefulError(f"cannot write {path}: {exc.strerror or exc}")
+
+    try:
+        sink = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise cannot_write(exc) from None
+
+    def write(text: str) -> None:
+        try:
+            sink.write(text)
+        except OSError as exc:
+            raise cannot_write(exc) from None
+
+    try:
+        yield write
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sink.close()
+        raise
+    try:
+        sink.close()  # the last write: a full disk may show only here
+    except OSError as exc:
+        raise cannot_write(exc) from None
 
 
 def _record(record: Any) -> dict[str, Any]:

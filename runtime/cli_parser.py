@@ -14,7 +14,7 @@ ERROR = 1  # reported by Wakeful: bad input, unknown entity, a refused answer
 USAGE = 2  # argparse
 RUN_FAILED = 3  # ask: the run failed or was cancelled, or the entity failed
 SUSPENDED = 4  # ask/approve --follow: the run waits for an action nobody here can give
-TIMED_OUT = 5  # ask: not idle within --timeout
+TIMED_OUT = 5  # a --timeout passed: ask not idle, delete not done, compact/reset not idle
 UNREACHABLE = 6  # Redis did not answer (or a cluster is failing over: see cli.CLUSTER_ERRORS)
 TRUNCATED = 7  # ask: the model's answer was cut off (max_tokens, context window full)
 REFUSED = 8  # ask: the model refused to answer
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable actors for LLM agents",
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 run failed, 4 run suspended on an "
         "action, 5 timed out, 6 Redis unreachable, 7 answer truncated, 8 model refused, "
-        "130 interrupted",
+        "130 interrupted, 141 the reader of stdout went away (| head)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("call", help="the tool call id (see wakeful pending)")
     p.add_argument("data", help="the tool data, as JSON")
+    identity(p)
     p = command("create", "create an entity (get-or-create), optionally with a first message")
     p.add_argument("url")
     p.add_argument("--args", metavar="JSON", help="the entity's args, as JSON")

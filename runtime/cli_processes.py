@@ -67,6 +67,9 @@ async def serve(args: argparse.Namespace) -> int:
             f"use --token-file or {TOKENS_VAR}[/]"
         )
     tokens = load_tokens(args.token, args.token_file)
+    # Bound first: a port in use ends the command before it starts a runtime or prints
+    # its banner (uvicorn, binding it in serve(), would fail after both, with exit 3).
+    sock = cli_admin.bind(args.host, args.port, "--port")
     rt = Runtime(registry, settings=settings, run_worker=settings.redis_url is None or args.worker)
     await rt.start()
     settle_for_long_run()
@@ -77,7 +80,7 @@ async def serve(args: argparse.Namespace) -> int:
         allowed_hosts=hosts,
     )
     server = uvicorn.Server(server_config(app, host=args.host, port=args.port, settings=settings))
-    base = f"http://{args.host}:{args.port}"
+    base = f"http://{args.host}:{sock.getsockname()[1]}"  # the port chosen, for --port 0
     policy = args.authorizer or ("owner" if tokens else "allow-all")
     print(
         f"serving {', '.join(registry.names())} on {base} "
@@ -102,9 +105,10 @@ async def serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         await rt.close()
+        sock.close()
     return OK
 
 

@@ -7,11 +7,13 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -211,6 +213,33 @@ def test_unreachable_redis_exits_6(prefix):
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
 
 
+def test_wrong_redis_credentials_are_refused_not_unreachable(real_redis_url, prefix):
+    """Redis answered: a user name or password it refuses is exit 1, not 6 (unreachable),
+    the password redacted. A real Redis: the fake one takes any credentials."""
+    address = urlsplit(real_redis_url).netloc.rpartition("@")[2]
+    wrong = urlsplit(real_redis_url)._replace(netloc=f"nobody:pw-{prefix}@{address}")
+    result = subprocess.run(
+        [sys.executable, "-m", "wakeful.cli", "send", "/notes/x", "hi"],
+        cwd=ROOT,
+        env=cli_env(prefix, WAKEFUL_REDIS_URL=urlunsplit(wrong)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    shown = urlunsplit(wrong._replace(netloc=f"nobody:***@{address}"))
+    assert f"error: Redis refused the credentials of {shown}: " in result.stderr
+    assert f"pw-{prefix}" not in result.stderr
+
+
+def test_help_lists_every_exit_code():
+    from wakeful import cli_parser
+
+    codes = {v for k, v in vars(cli_parser).items() if k.isupper() and isinstance(v, int)}
+    epilog = " ".join(cli_parser.build_parser().format_help().split("exit codes:")[1].split())
+    assert codes and all(f" {code} " in f" {epilog}" for code in codes), epilog
+
+
 async def test_ask_streams_the_reply(worker, server_url, prefix):
     asked = await run(server_url, prefix, "ask", "/assistant/a1", "remember that my color is teal")
     assert asked.returncode == 0, asked.stderr
@@ -324,6 +353,34 @@ async def test_set_data_and_skip_a_pending_call_from_the_command_line(worker, se
     assert not result.is_error and result.details["output"]["reason"] == "not now"
 
 
+async def test_set_data_acts_as_the_identity_given(worker, server_url, prefix):
+    """alice's run: set-data needs her identity, as approve and deny do."""
+    alice = {"user": "alice"}
+    await worker.ask("/assistant/k2", "remember that my city is Lyon", identity=alice)
+    await worker.send("/assistant/k2", "forget my city", identity=alice)
+    assert (await worker.wait_idle("/assistant/k2")).status == "suspended"
+    [action] = await worker.pending_actions("/assistant/k2")
+    data = ("set-data", "/assistant/k2", action.tool_call_id, '{"seen": true}')
+    anonymous = await run(server_url, prefix, *data)
+    assert anonymous.returncode == 1 and "may not set the tool data" in anonymous.stderr
+    as_alice = await run(server_url, prefix, *data, "--identity", "user=alice")
+    assert as_alice.returncode == 0, as_alice.stderr
+    assert await worker.tool_data("/assistant/k2") == {action.tool_call_id: {"seen": True}}
+
+
+async def test_export_to_a_path_it_cannot_write_is_an_error(worker, server_url, prefix, tmp_path):
+    await worker.send("/notes/e1", "add x")
+    await worker.wait_idle("/notes/e1")
+    for path, reason in (
+        (tmp_path, "Is a directory"),
+        (tmp_path / "missing" / "x.jsonl", "No such file or directory"),
+        (Path("/dev/full"), "No space left on device"),  # it opens; writing fails
+    ):
+        exported = await run(server_url, prefix, "export", "/notes/e1", "-o", str(path))
+        assert exported.returncode == 1, exported.stderr
+        assert exported.stderr == f"error: cannot write {path}: {reason}\n"
+
+
 async def test_tail_json_and_resume(worker, server_url, prefix):
     await worker.ask("/assistant/t1", "calculate 2 * 21")
     whole = await run(server_url, prefix, "tail", "/assistant/t1", "--json")
@@ -356,6 +413,29 @@ def test_serve_answers_http_on_the_embedded_default():
                 break
             time.sleep(0.05)
         assert state["notes"] == [{"id": 1, "text": "milk", "done": False}]
+
+
+def test_serve_on_a_port_in_use_fails_before_its_banner():
+    env = {k: v for k, v in os.environ.items() if k != "WAKEFUL_REDIS_URL"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = ["serve", "wakeful.entities:registry", "--port", str(port)]
+        served = subprocess.run(
+            [sys.executable, "-m", "wakeful.cli", *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert served.returncode == 1, served.stderr
+    assert served.stdout == ""  # no banner: nothing was served
+    assert (
+        served.stderr
+        == f"error: --port {port}: cannot listen on 127.0.0.1: port {port} is in use\n"
+    )
 
 
 async def test_ask_prompts_for_approval_on_a_terminal(worker, server_url, prefix):

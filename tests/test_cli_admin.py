@@ -106,6 +106,25 @@ async def test_create_with_args_state_and_delete(worker, server_url, prefix):
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
+async def test_a_timeout_that_passed_exits_5(server_url, prefix):
+    """No worker runs: neither the delete nor the compaction is done in time, which is
+    exit code 5 (a --timeout passed), as for ``ask``."""
+    settings = Settings(redis_url=server_url, prefix=prefix, partitions=4, lease_ttl_ms=1000)
+    rt = Runtime(registry(), settings=settings, run_worker=True)
+    await rt.start()
+    try:
+        await rt.send("/notes/d1", "add x")
+        await rt.wait_idle("/notes/d1")
+    finally:
+        await rt.close()
+    deleted = await run(server_url, prefix, "delete", "/notes/d1", "--timeout", "0.2")
+    assert deleted.returncode == 5, deleted.stderr
+    assert "error: /notes/d1 was not deleted within 0.2s" in deleted.stderr
+    compacted = await run(server_url, prefix, "compact", "/notes/d1", "--timeout", "0.2")
+    assert compacted.returncode == 5, compacted.stderr
+    assert "error: /notes/d1 is still" in compacted.stderr
+
+
 async def test_cancel_a_running_run(worker, server_url, prefix, thinking):
     await worker.send("/sleeper/s1", "sleep")
     # The run is open (its first commit, with its first step, is not made yet).
