@@ -25,6 +25,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
+import redis.exceptions
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection
@@ -32,6 +33,21 @@ from redis.connection import parse_url
 
 from .errors import ConfigError
 from .redaction import redact, redact_url, url_secrets
+
+# Redis did not answer (refused, reset, timed out), or a cluster is not serving now (a
+# failover or a slot migration under way: CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED /
+# ASK left over, no reachable node). Nothing is wrong with the request: it can be tried
+# again. The CLI exits 6 on these, the gateway answers 503 with Retry-After.
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+CLUSTER_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MovedError
+    redis.exceptions.RedisClusterException,  # e.g. no seed node answers
+)
 
 
 class HiredisPackingConnection(Connection):

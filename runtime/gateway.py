@@ -43,14 +43,14 @@ Status codes: 400 malformed request (input is parsed strictly: http_input.py),
 401 not authenticated, 403 not allowed, 404 unknown type or entity, 409
 conflict (other args, action not pending), 413 body or payload too large, 415 a
 body that is not sent as application/json, 421 a ``Host`` not allowed, 422 a
-value fails its schema, 503 too many open event streams (with ``Retry-After``),
-507 Redis is full (at its ``maxmemory``). A request that fails writes nothing.
+value fails its schema, 503 Redis unreachable (``RedisUnavailable``) or too many
+open event streams (both with ``Retry-After``), 507 Redis is full (at its
+``maxmemory``). A request that fails writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -75,14 +75,9 @@ from .authorization import (
     readable,
 )
 from .client import Runtime
-from .errors import (
-    EntityNotFoundError,
-    HTTPError,
-    OwnerChangedError,
-    WakefulError,
-)
-from .gateway_responses import JSONResponse, error_response, http_exception
-from .gateway_streams import RETRY_AFTER_S, CountedStream, StreamSlots, caller_key, sse_events
+from .errors import EntityNotFoundError, HTTPError, OwnerChangedError
+from .gateway_responses import JSONResponse, failure_response, http_exception
+from .gateway_streams import CountedStream, StreamSlots, caller_key, sse_events
 from .http_input import message_fields, query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
@@ -90,7 +85,6 @@ from .schedules import CronSchedule
 from .urls import entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
-log = logging.getLogger("wakeful.gateway")
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -196,19 +190,8 @@ def create_app(
         async def wrapped(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (HTTPError, WakefulError) as exc:
-                response = error_response(exc)
-                if response.status_code == 503:
-                    response.headers["Retry-After"] = str(RETRY_AFTER_S)
-                if response.status_code == 413:  # the rest of the body is not read
-                    response.headers["Connection"] = "close"
-                return response
-            except Exception:  # a bug: log it, and answer JSON without internals
-                log.exception("gateway: %s %s failed", request.method, request.url.path)
-                return JSONResponse(
-                    {"error": {"type": "InternalError", "message": "the gateway failed"}},
-                    status_code=500,
-                )
+            except Exception as exc:  # a refusal, Redis unreachable, or a bug
+                return failure_response(request, exc)
 
         return wrapped
 
