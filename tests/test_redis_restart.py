@@ -2,11 +2,14 @@
 
 A private redis-server of the test's own (on another port) that the test kills and
 starts again: while it is down every gateway route answers 503 ``RedisUnavailable``
-with ``Retry-After`` and logs one warning line (no traceback).
+with ``Retry-After`` and logs one warning line (no traceback); once it is back, the
+first command of every kind (a plain read, a pipeline, a script) goes through,
+because a pooled connection the old server closed is replaced before it is used.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -103,3 +106,42 @@ async def test_an_event_stream_that_loses_redis_ends_with_a_warning(
     [record] = [r for r in caplog.records if r.name == "wakeful.gateway"]
     assert record.exc_info is None
     assert "event stream of /echo/x ended: Redis is unreachable" in record.getMessage()
+
+
+async def test_the_first_commands_after_a_redis_restart_go_through(
+    server: PrivateRedis, rt: Runtime
+) -> None:
+    """Every pooled connection was closed by the old server: each is replaced before
+    it is used (nothing was sent on it, so nothing can run twice)."""
+    store = rt.store
+    assert store is not None
+    # Several connections in the pool, all idle.
+    await asyncio.gather(*(rt.ownerships(["/echo/x"]) for _ in range(4)))
+    server.kill()
+    server.start()
+    await asyncio.sleep(0.2)  # the event loop sees the old connections closed
+    assert await rt.ownerships(["/echo/x"]) == [(False, None)]  # a pipeline
+    assert await store.redis.get("wkrestart:nothing") is None  # a plain command
+    await rt.send("/echo/x", "after the restart")  # a script
+    await asyncio.gather(*(rt.ownerships(["/echo/x"]) for _ in range(4)))
+    payloads = [getattr(r.event, "payload", None) async for r in rt.events("/echo/x")]
+    assert payloads.count("after the restart") == 1
+
+
+async def test_a_pooled_connection_whose_transport_was_closed_is_replaced(rt: Runtime) -> None:
+    """The error users saw after a restart, ``Error UNKNOWN while writing to socket.
+    Connection lost.`` from a pipeline: the event loop had closed an idle connection's
+    transport (as it does when the server goes away under TLS), and the pool handed it
+    out all the same."""
+    store = rt.store
+    assert store is not None
+    pool = store.redis.connection_pool
+    idle = [await pool.get_connection() for _ in range(2)]
+    for connection in idle:
+        await pool.release(connection)
+        writer = connection._writer  # redis-py's stream: close its transport under it
+        assert writer is not None
+        writer.transport.abort()
+    await asyncio.sleep(0)  # the transports close
+    assert await rt.ownerships(["/echo/x"]) == [(False, None)]
+    assert await rt.ownerships(["/echo/y"]) == [(False, None)]
