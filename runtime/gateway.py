@@ -78,7 +78,14 @@ from .client import Runtime
 from .errors import EntityNotFoundError, HTTPError, OwnerChangedError
 from .gateway_responses import JSONResponse, failure_response, http_exception
 from .gateway_streams import CountedStream, StreamSlots, caller_key, sse_events
-from .http_input import message_fields, query_flag, query_int, read_body, resume_position
+from .http_input import (
+    message_fields,
+    query_flag,
+    query_int,
+    read_body,
+    resume_position,
+    text_field,
+)
 from .http_limits import HostAllowList
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .schedules import CronSchedule
@@ -305,8 +312,8 @@ def create_app(
     @endpoint
     async def cancel(request: Request) -> Response:
         url, _ = await entity(request, "write")
-        data = await body(request)
-        event_id = await runtime.cancel(url, data.get("reason") or "cancelled over HTTP")
+        reason = text_field(await body(request), "reason", url)
+        event_id = await runtime.cancel(url, reason or "cancelled over HTTP")
         return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
 
     def conversation_request(
@@ -350,8 +357,9 @@ def create_app(
                 url, call, data["output"], identity=identity
             )
         elif verb == "fail":
+            error = text_field(data, "error", url)
             event_id = await runtime.fail_action(
-                url, call, str(data.get("error", "failed")), identity=identity
+                url, call, "failed" if error is None else error, identity=identity
             )
         elif verb == "cancel":
             event_id = await runtime.cancel_action(url, call, identity=identity)
@@ -360,17 +368,17 @@ def create_app(
                 raise HTTPError(400, "MissingField", "the body needs a 'data'")
             event_id = await runtime.set_tool_data(url, call, data["data"], identity=identity)
         elif verb == "skip":
-            reason = data.get("reason")
             event_id = await runtime.skip_action(
-                url, call, None if reason is None else str(reason), identity=identity
+                url, call, text_field(data, "reason", url), identity=identity
             )
         elif verb == "approve":
             event_id = await runtime.approve(
                 url, call, edited_input=data.get("edited_input"), identity=identity
             )
         elif verb == "deny":
+            reason = text_field(data, "reason", url)
             event_id = await runtime.deny(
-                url, call, str(data.get("reason", "denied")), identity=identity
+                url, call, "denied" if reason is None else reason, identity=identity
             )
         else:
             raise HTTPError(404, "UnknownVerb", f"unknown action verb {verb!r}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import HTTPError, InvalidPayloadError
+from .errors import HTTPError, InvalidEventError, InvalidPayloadError
 from .json_values import decode_json
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -99,6 +99,18 @@ def message_fields(data: dict[str, Any]) -> dict[str, Any]:
         "client_tools": data.get("client_tools"),
         "content": content,
     }
+
+
+def text_field(data: dict[str, Any], name: str, url: str) -> str | None:
+    """The body's ``name`` (a ``reason``, an ``error``) for ``url``: a string, or None
+    when it is absent or null. Anything else is a 400 ``InvalidEventError`` naming the
+    field, as the runtime refuses it: never made into text (``str(123)`` would tell
+    the model "denied: 123", and ``str(None)`` "denied: None")."""
+    value = data.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    kind = type(value).__name__
+    raise InvalidEventError(f"field {name!r} for {url} must be a string, got {kind}", name)
 
 
 def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
