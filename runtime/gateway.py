@@ -82,6 +82,7 @@ from .http_input import (
     message_fields,
     query_flag,
     query_int,
+    query_url,
     read_body,
     resume_position,
     text_field,
@@ -295,7 +296,7 @@ def create_app(
     @endpoint
     async def listing(request: Request) -> Response:
         identity = await caller(request)
-        after = request.query_params.get("after", "")
+        after = query_url(request, "after")
         limit = query_int(request, "limit", LIST_LIMIT, 1, LIST_LIMIT)
         urls = [url for url in await runtime.list(request.path_params["type"]) if url > after]
         return JSONResponse(await readable(policy, runtime, identity, urls, limit))

@@ -102,6 +102,8 @@ def failure_response(request: Request, exc: Exception) -> JSONResponse:
     else:  # a bug: log it, and answer JSON without internals
         log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=exc)
         return _error(500, "InternalError", "the gateway failed")
+    if response.status_code == 401:  # how to authenticate (RFC 9110): a bearer token
+        response.headers["WWW-Authenticate"] = "Bearer"
     if response.status_code == 503:
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
     if response.status_code == 413:  # the rest of the body is not read
