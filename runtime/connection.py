@@ -8,7 +8,9 @@ Timeouts are set here and nowhere else. A connection gives up on a reply after
 ``socket_timeout_s``; a blocking read (XREAD / XREADGROUP ``BLOCK``) therefore
 blocks for at most half of its connection's socket timeout (:func:`block_ms`),
 and whoever follows a stream reads again. The pool queues: a caller that finds
-every connection busy waits up to ``pool_timeout_s`` for one instead of failing.
+every connection busy waits up to ``pool_timeout_s`` for one instead of failing,
+and it never hands out a connection the server closed (a Redis restarted):
+:class:`CheckedPool` reconnects it first. Nothing is ever sent twice.
 
 A Redis Cluster is chosen by the URL: ``redis+cluster://[user:password@]host:port
 [,host:port...][?options]`` (``rediss+cluster://`` for TLS), one or more seed nodes.
@@ -21,17 +23,34 @@ few places that must tell the two apart ask :func:`is_cluster`.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
+import redis.exceptions
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
 from redis.connection import parse_url
 
 from .errors import ConfigError
 from .redaction import redact, redact_url, url_secrets
+
+# Redis did not answer (refused, reset, timed out), or a cluster is not serving now (a
+# failover or a slot migration under way: CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED /
+# ASK left over, no reachable node). Nothing is wrong with the request: it can be tried
+# again. The CLI exits 6 on these, the gateway answers 503 with Retry-After.
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+CLUSTER_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MovedError
+    redis.exceptions.RedisClusterException,  # e.g. no seed node answers
+)
 
 
 class HiredisPackingConnection(Connection):
@@ -42,6 +61,42 @@ class HiredisPackingConnection(Connection):
         ):  # e.g. "CONFIG GET": separate words
             args = (*name.split(), *args[1:])
         return [hiredis.pack_command(args)]
+
+
+class CheckedPool(BlockingConnectionPool):
+    """A queueing pool that never hands out a connection the server has closed.
+
+    redis-py checks a pooled connection before handing it out (``ensure_connection``:
+    one with data or EOF waiting is reconnected), but skips that check when its
+    maintenance notifications are on, and they are (``"auto"``) on every connection
+    of redis-py 8's default protocol, RESP3. So after a Redis restart the first
+    command on each idle connection failed (``Connection closed by server`` on the
+    reply, or ``Connection lost`` writing to a transport already closed), and with
+    no retry configured (redis-py's default ``Retry`` belongs to ``Redis()``, not to a
+    pool made here) the caller got the error.
+
+    A connection the event loop has seen closed (EOF, a reset) is reconnected here,
+    before anything is sent on it, so it is safe for every command. redis-py's retry
+    is deliberately not turned on instead: it also re-sends a command whose
+    connection broke after it was sent, which Redis may have run, and not every
+    write is safe twice (a send without an idempotency key, an ``XREADGROUP`` that
+    delivered a batch). A connection that breaks during a command stays an error:
+    the caller's to retry (a worker does; the gateway answers 503)."""
+
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        if _closed_by_server(connection):
+            await connection.disconnect()  # super() connects it again
+        await super().ensure_connection(connection)
+
+
+def _closed_by_server(connection: AbstractConnection) -> bool:
+    """Whether the event loop has seen ``connection`` closed (EOF or an error) from
+    the other end. redis-py keeps the streams in ``_reader`` and ``_writer``."""
+    reader = getattr(connection, "_reader", None)
+    writer = getattr(connection, "_writer", None)
+    if not isinstance(reader, asyncio.StreamReader) or not isinstance(writer, asyncio.StreamWriter):
+        return False  # not connected (connect() opens it), or no socket (fakeredis)
+    return reader.at_eof() or reader.exception() is not None or writer.is_closing()
 
 
 def connect(
@@ -70,7 +125,7 @@ def connect(
     if url.startswith("redis://"):
         options["connection_class"] = HiredisPackingConnection
     try:
-        pool = BlockingConnectionPool.from_url(url, **options)
+        pool = CheckedPool.from_url(url, **options)
     except ValueError as exc:  # urllib's or redis-py's words may quote the password
         problem = redact(str(exc), url_secrets(url))
         raise ConfigError(f"Redis URL {redact_url(url)} is malformed: {problem}") from None
@@ -161,7 +216,7 @@ def node_client(cluster: ClusterClient, host: str, port: int, max_connections: i
     options = cluster.node_options()
     ssl = options.pop("ssl", False)
     kind = SSLConnection if ssl else HiredisPackingConnection
-    pool = BlockingConnectionPool(
+    pool = CheckedPool(
         connection_class=kind,
         host=host,
         port=port,
@@ -181,7 +236,7 @@ def dedicated(redis: Redis, max_connections: int) -> Redis:
             "Redis", _cluster(redis.seeds, {**redis.options, "max_connections": max_connections})
         )
     pool = redis.connection_pool
-    own = BlockingConnectionPool(
+    own = CheckedPool(
         connection_class=pool.connection_class,
         max_connections=max_connections,
         timeout=getattr(pool, "timeout", None),

@@ -36,7 +36,7 @@ from .authorization import Access, Authorizer, EntityAccess, allowed, readable
 from .client import Runtime
 from .errors import EntityNotFoundError, HTTPError, InvalidUrlError
 from .events import HandlerFailed, LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
-from .http_input import query_int, resume_position
+from .http_input import query_int, query_url, resume_position
 from .openapi import CONSOLE_PAGE, JOURNAL_PAGE, TREE_DEPTH
 from .status import STATUSES, EntityStatus
 from .streamids import id_gt
@@ -77,7 +77,7 @@ def routes(parts: GatewayParts) -> list[Route]:
         if type_name is not None:
             validate_type_name(type_name)
         search = _text_query(request, "q")
-        after = _text_query(request, "after")
+        after = query_url(request, "after")
         limit = query_int(request, "limit", 50, 1, CONSOLE_PAGE)
         urls = await runtime.list(type_name)
         candidates = [u for u in urls if u > after and search in u]

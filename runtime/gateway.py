@@ -43,14 +43,14 @@ Status codes: 400 malformed request (input is parsed strictly: http_input.py),
 401 not authenticated, 403 not allowed, 404 unknown type or entity, 409
 conflict (other args, action not pending), 413 body or payload too large, 415 a
 body that is not sent as application/json, 421 a ``Host`` not allowed, 422 a
-value fails its schema, 503 too many open event streams (with ``Retry-After``),
-507 Redis is full (at its ``maxmemory``). A request that fails writes nothing.
+value fails its schema, 503 Redis unreachable (``RedisUnavailable``) or too many
+open event streams (both with ``Retry-After``), 507 Redis is full (at its
+``maxmemory``). A request that fails writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -75,22 +75,24 @@ from .authorization import (
     readable,
 )
 from .client import Runtime
-from .errors import (
-    EntityNotFoundError,
-    HTTPError,
-    OwnerChangedError,
-    WakefulError,
+from .errors import EntityNotFoundError, HTTPError, OwnerChangedError
+from .gateway_responses import JSONResponse, failure_response, http_exception
+from .gateway_streams import CountedStream, StreamSlots, caller_key, sse_events
+from .http_input import (
+    message_fields,
+    query_flag,
+    query_int,
+    query_url,
+    read_body,
+    resume_position,
+    text_field,
 )
-from .gateway_responses import JSONResponse, error_response, http_exception
-from .gateway_streams import RETRY_AFTER_S, CountedStream, StreamSlots, caller_key, sse_events
-from .http_input import message_fields, query_flag, query_int, read_body, resume_position
 from .http_limits import HostAllowList
 from .openapi import LIST_LIMIT, OPENAPI, TAIL_LIMIT
 from .schedules import CronSchedule
 from .urls import entity_url
 
 CONSOLE_DIR = Path(__file__).parent / "console"
-log = logging.getLogger("wakeful.gateway")
 
 Identity = dict[str, str]
 Authenticate = Callable[[Request], Awaitable[Identity | None]]
@@ -196,19 +198,8 @@ def create_app(
         async def wrapped(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (HTTPError, WakefulError) as exc:
-                response = error_response(exc)
-                if response.status_code == 503:
-                    response.headers["Retry-After"] = str(RETRY_AFTER_S)
-                if response.status_code == 413:  # the rest of the body is not read
-                    response.headers["Connection"] = "close"
-                return response
-            except Exception:  # a bug: log it, and answer JSON without internals
-                log.exception("gateway: %s %s failed", request.method, request.url.path)
-                return JSONResponse(
-                    {"error": {"type": "InternalError", "message": "the gateway failed"}},
-                    status_code=500,
-                )
+            except Exception as exc:  # a refusal, Redis unreachable, or a bug
+                return failure_response(request, exc)
 
         return wrapped
 
@@ -305,7 +296,7 @@ def create_app(
     @endpoint
     async def listing(request: Request) -> Response:
         identity = await caller(request)
-        after = request.query_params.get("after", "")
+        after = query_url(request, "after")
         limit = query_int(request, "limit", LIST_LIMIT, 1, LIST_LIMIT)
         urls = [url for url in await runtime.list(request.path_params["type"]) if url > after]
         return JSONResponse(await readable(policy, runtime, identity, urls, limit))
@@ -322,8 +313,8 @@ def create_app(
     @endpoint
     async def cancel(request: Request) -> Response:
         url, _ = await entity(request, "write")
-        data = await body(request)
-        event_id = await runtime.cancel(url, data.get("reason") or "cancelled over HTTP")
+        reason = text_field(await body(request), "reason", url)
+        event_id = await runtime.cancel(url, reason or "cancelled over HTTP")
         return JSONResponse({"url": url, "event_id": event_id}, status_code=202)
 
     def conversation_request(
@@ -367,8 +358,9 @@ def create_app(
                 url, call, data["output"], identity=identity
             )
         elif verb == "fail":
+            error = text_field(data, "error", url)
             event_id = await runtime.fail_action(
-                url, call, str(data.get("error", "failed")), identity=identity
+                url, call, "failed" if error is None else error, identity=identity
             )
         elif verb == "cancel":
             event_id = await runtime.cancel_action(url, call, identity=identity)
@@ -377,17 +369,17 @@ def create_app(
                 raise HTTPError(400, "MissingField", "the body needs a 'data'")
             event_id = await runtime.set_tool_data(url, call, data["data"], identity=identity)
         elif verb == "skip":
-            reason = data.get("reason")
             event_id = await runtime.skip_action(
-                url, call, None if reason is None else str(reason), identity=identity
+                url, call, text_field(data, "reason", url), identity=identity
             )
         elif verb == "approve":
             event_id = await runtime.approve(
                 url, call, edited_input=data.get("edited_input"), identity=identity
             )
         elif verb == "deny":
+            reason = text_field(data, "reason", url)
             event_id = await runtime.deny(
-                url, call, str(data.get("reason", "denied")), identity=identity
+                url, call, "denied" if reason is None else reason, identity=identity
             )
         else:
             raise HTTPError(404, "UnknownVerb", f"unknown action verb {verb!r}")

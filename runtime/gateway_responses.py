@@ -2,11 +2,15 @@
 
 An error is ``{"error": {"type", "message"}}`` with the status code its class maps
 to (the table below, most specific first; see the gateway's docstring), and
-Starlette's own 404 and 405 are sent the same way.
+Starlette's own 404 and 405 are sent the same way. :func:`failure_response` is the
+one place a failed request becomes its answer: a refusal, Redis unreachable (503
+``RedisUnavailable`` with ``Retry-After``, a warning in the log), or a bug (500,
+its traceback in the log and none in the answer).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -22,6 +26,7 @@ from .actions import (
     ActionValidationError,
     ClientToolsError,
 )
+from .connection import CLUSTER_ERRORS, UNREACHABLE_ERRORS
 from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
@@ -39,6 +44,9 @@ from .errors import (
     WaitTimeoutError,
     WakefulError,
 )
+
+log = logging.getLogger("wakeful.gateway")
+RETRY_AFTER_S = 5  # what a 503 (Redis unreachable, too many event streams) says to wait
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (ActionNotAuthorizedError, 403),
@@ -76,13 +84,44 @@ def json_text(value: Any) -> str:
     return msgspec.json.encode(value, enc_hook=str).decode()
 
 
+def failure_response(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to a request that raised ``exc``."""
+    if isinstance(exc, (*UNREACHABLE_ERRORS, *CLUSTER_ERRORS)):
+        # Not the gateway's fault, nor the request's: one line, no traceback.
+        log.warning(
+            "gateway: %s %s: Redis is unreachable (%s: %s)",
+            request.method,
+            request.url.path,
+            type(exc).__name__,
+            exc,
+        )
+        message = "Redis is unreachable; try again"
+        response = _error(503, "RedisUnavailable", message)
+    elif isinstance(exc, (HTTPError, WakefulError)):
+        response = error_response(exc)
+    else:  # a bug: log it, and answer JSON without internals
+        log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "InternalError", "the gateway failed")
+    if response.status_code == 401:  # how to authenticate (RFC 9110): a bearer token
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if response.status_code == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    if response.status_code == 413:  # the rest of the body is not read
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
 def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, HTTPError):
         status, kind = exc.status, exc.kind
     else:
         status = next(code for cls, code in _STATUS if isinstance(exc, cls))
         kind = type(exc).__name__
-    return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
+    return _error(status, kind, str(exc))
 
 
 async def http_exception(request: Request, exc: Exception) -> Response:

@@ -8,8 +8,10 @@ client resumes both streams with ``Last-Event-ID``.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -17,12 +19,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .client import Runtime
+from .connection import CLUSTER_ERRORS, UNREACHABLE_ERRORS
 from .errors import HTTPError
 from .events import LogRecord, TrimmedRecord, UndecodableRecord, client_view, plain
 from .gateway_responses import json_text
 from .live import LiveRecord
 
-RETRY_AFTER_S = 5  # what a refused event stream is told to wait
+log = logging.getLogger("wakeful.gateway")
 
 
 class StreamSlots:
@@ -84,6 +87,32 @@ async def sse_events(
     live: bool,
     follow: bool,
 ) -> AsyncIterator[bytes]:
+    """The stream's frames. Redis lost once the stream has started (its 200 is sent, too
+    late for a 503) ends it with a warning in the log, not a traceback: the client
+    resumes with ``Last-Event-ID``. (A follower waits through a lost connection itself.)"""
+    frames = _frames(runtime, url, after, live_after, live=live, follow=follow)
+    async with contextlib.aclosing(frames):
+        try:
+            async for frame in frames:
+                yield frame
+        except (*UNREACHABLE_ERRORS, *CLUSTER_ERRORS) as exc:
+            log.warning(
+                "gateway: the event stream of %s ended: Redis is unreachable (%s: %s)",
+                url,
+                type(exc).__name__,
+                exc,
+            )
+
+
+async def _frames(
+    runtime: Runtime,
+    url: str,
+    after: str | None,
+    live_after: str | None,
+    *,
+    live: bool,
+    follow: bool,
+) -> AsyncGenerator[bytes, None]:
     log_pos, live_pos = after or "0-0", live_after or ""
     records = runtime.events(url, after=after, follow=follow, live=live, live_after=live_after)
     async for record in records:

@@ -10,7 +10,7 @@ input and what is wrong, before the gateway writes anything or starts a stream:
   levels of nesting) holding an object;
 * a number in the query is ASCII digits in its range (``?tail=²`` is not one);
 * a resume position (``Last-Event-ID`` or ``?after=``) is ``<log id>|<live id>``
-  of stream ids, either part empty.
+  of stream ids, either part empty; a listing's ``?after=`` is an entity url.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import HTTPError, InvalidPayloadError
+from .errors import HTTPError, InvalidEventError, InvalidPayloadError, InvalidUrlError
 from .json_values import decode_json
+from .urls import parse_url
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _LENGTH = re.compile(r"[0-9]{1,20}")
@@ -101,6 +102,18 @@ def message_fields(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def text_field(data: dict[str, Any], name: str, url: str) -> str | None:
+    """The body's ``name`` (a ``reason``, an ``error``) for ``url``: a string, or None
+    when it is absent or null. Anything else is a 400 ``InvalidEventError`` naming the
+    field, as the runtime refuses it: never made into text (``str(123)`` would tell
+    the model "denied: 123", and ``str(None)`` "denied: None")."""
+    value = data.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    kind = type(value).__name__
+    raise InvalidEventError(f"field {name!r} for {url} must be a string, got {kind}", name)
+
+
 def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
     """The query parameter ``name`` as a whole number in ``low..high``."""
     raw = request.query_params.get(name)
@@ -111,6 +124,20 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
             400, "BadQuery", f"{name} must be a whole number between {low} and {high}, got {raw!r}"
         )
     return int(raw)
+
+
+def query_url(request: Request, name: str) -> str:
+    """The query parameter ``name`` as an entity url (a listing's ``?after=<last url>``),
+    ``""`` when it is absent or empty."""
+    raw = request.query_params.get(name, "")
+    if raw:
+        try:
+            parse_url(raw)
+        except InvalidUrlError as exc:
+            raise HTTPError(
+                400, "BadQuery", f"{name} {raw!r} is not an entity url: {exc.reason}"
+            ) from None
+    return raw
 
 
 _TRUE = ("1", "true")

@@ -125,10 +125,19 @@ def decode_json(raw: bytes | str, what: str) -> Any:
 
 
 _AT_BYTE = re.compile(r"\(byte (\d+)\)")
+# A string escape of half a UTF-16 surrogate pair without its other half (\ud800 not
+# followed by \udc00-\udfff, or one of those not after \ud800-\udbff), after an even
+# run of backslashes ("\\ud800" is a backslash and the text "ud800").
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)(?:\\\\)*"
+    rb"(\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2})",
+    re.IGNORECASE,
+)
 
 
 def _decode_error(raw: bytes, exc: msgspec.DecodeError) -> str:
-    """msgspec's message, saying so when the culprit is a JavaScript constant."""
+    """msgspec's message, saying so when the culprit is a JavaScript constant, text
+    that is not UTF-8 or half a surrogate pair."""
     match = _AT_BYTE.search(str(exc))
     if match is not None and raw.startswith((b"NaN", b"Infinity"), int(match.group(1))):
         return f"{exc}: NaN and Infinity are not JSON numbers"
@@ -136,4 +145,10 @@ def _decode_error(raw: bytes, exc: msgspec.DecodeError) -> str:
         raw.decode()
     except UnicodeDecodeError as error:
         return f"it is not UTF-8 ({error})"
+    lone = _LONE_SURROGATE.search(raw)
+    if lone is not None:  # msgspec says "Input data was truncated" for \ud800 alone
+        return (
+            f"the string escape {lone.group(1).decode()} at byte {lone.start(1)} is half "
+            "of a UTF-16 surrogate pair, without its other half: not a Unicode character"
+        )
     return str(exc)

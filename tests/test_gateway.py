@@ -306,3 +306,34 @@ async def test_a_run_started_by_create_belongs_to_its_caller(cluster):
             headers=BOB,
         )
         assert by_bob.status_code == 403
+
+
+async def test_a_401_says_how_to_authenticate(cluster):
+    http, _ = await client_for(cluster)
+    async with http:
+        for headers in ({}, {"authorization": "Bearer nope"}):
+            refused = await http.get("/entities/echo/c1", headers=headers)
+            assert refused.status_code == 401
+            assert refused.headers["www-authenticate"] == "Bearer"
+
+
+async def test_bad_input_is_refused_naming_what_is_wrong(cluster):
+    http, _ = await client_for(cluster)
+    async with http:
+        # A listing's ?after= is an entity url (the last one of the previous page).
+        for path in ("/entities/echo?after=%25%25%25", "/entities?after=%25%25%25"):
+            refused = await http.get(path, headers=ALICE)
+            assert refused.status_code == 400, (path, refused.text)
+            error = refused.json()["error"]
+            assert error["type"] == "BadQuery" and "after '%%%'" in error["message"]
+        # A string escape of half a surrogate pair is not a character.
+        lone = await http.post(
+            "/entities/echo/c1/messages",
+            content=rb'{"payload": "add \ud800"}',
+            headers={**ALICE, "content-type": "application/json"},
+        )
+        assert lone.status_code == 400 and lone.json()["error"]["type"] == "MalformedJSON"
+        message = lone.json()["error"]["message"]
+        assert "\\ud800" in message and "surrogate pair" in message
+        assert "truncated" not in message
+        assert (await http.get("/entities/echo/c1", headers=ALICE)).status_code == 404

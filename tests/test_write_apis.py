@@ -184,6 +184,32 @@ async def test_the_gateway_answers_400_to_hostile_values_and_writes_nothing(clus
             await readable(rt, url)
 
 
+async def test_a_reason_or_an_error_that_is_not_text_is_a_400_for_every_answer(
+    cluster: Any,
+) -> None:
+    """``deny``, ``skip`` and ``fail`` refuse a non-string ``reason`` / ``error`` as
+    ``cancel`` does, naming the field, and write nothing; null is no reason."""
+    executions: list[str] = []
+    rt = await cluster.runtime(registry(executions))
+    async with http_for(rt) as http:
+        await http.post("/entities/page/p/messages", json={"payload": "go"})
+        await rt.wait_idle(URL)
+        for verb, field in (("deny", "reason"), ("skip", "reason"), ("fail", "error")):
+            for value in (123, {"x": 1}, ["a"], True, 1.5):
+                answer = await http.post(f"/entities/page/p/actions/d1/{verb}", json={field: value})
+                assert answer.status_code == 400, (verb, value, answer.text)
+                error = answer.json()["error"]
+                assert error["type"] == "InvalidEventError"
+                assert f"field {field!r}" in error["message"] and URL in error["message"]
+        assert [a.tool_call_id for a in await rt.pending_actions(URL)] == ["d1"]
+        assert not [e for e in await readable(rt, URL) if isinstance(e, ActionSettled)]
+        denied = await http.post("/entities/page/p/actions/d1/deny", json={"reason": None})
+        assert denied.status_code == 200, denied.text
+    [settled] = [e for e in await readable(rt, URL) if isinstance(e, ActionSettled)]
+    assert (settled.decision, settled.error) == ("denied", "denied")  # not "None"
+    assert executions == []
+
+
 # -- item 7: cancelling a suspended run settles its actions --------------------------------
 
 
