@@ -53,26 +53,14 @@ from .cli_connect import load_registry as load_registry
 from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, TIMED_OUT, UNREACHABLE, build_parser
 from .cli_reply import PromptInterrupted
 from .client import Runtime
+from .connection import AUTHENTICATION_ERRORS, CLUSTER_ERRORS, UNREACHABLE_ERRORS
 from .errors import RedisFullError, ReplicaWaitError, WaitTimeoutError, WakefulError
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .terminal import err
 
-# Exit code 1 (ERROR): Redis answered and refused the URL's user name or password (WRONGPASS,
-# NOAUTH; a user name given to a Redis before 6). redis-py derives AuthenticationError
-# from ConnectionError, so it is caught before UNREACHABLE_ERRORS: Redis is reachable.
-AUTHENTICATION_ERRORS = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthenticationWrongNumberOfArgsError,
-)
-# Exit code 6 (UNREACHABLE): Redis did not answer, or a cluster is failing over or moving
-# a slot (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED / ASK left over, no reachable node).
-UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-CLUSTER_ERRORS = (
-    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError
-    redis.exceptions.TryAgainError,
-    redis.exceptions.AskError,  # MovedError
-    redis.exceptions.RedisClusterException,  # e.g. no seed node answers
-)
+# Exit code 1 (ERROR) on connection.AUTHENTICATION_ERRORS: Redis is reachable, the URL's
+# credentials are wrong. Exit code 6 (UNREACHABLE) on UNREACHABLE_ERRORS and CLUSTER_ERRORS:
+# Redis did not answer, or a cluster is failing over or moving a slot.
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 

@@ -41,6 +41,13 @@ from .redaction import redact, redact_url, url_secrets
 # failover or a slot migration under way: CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a MOVED /
 # ASK left over, no reachable node). Nothing is wrong with the request: it can be tried
 # again. The CLI exits 6 on these, the gateway answers 503 with Retry-After.
+# Redis answered and refused the URL's user name or password (WRONGPASS, NOAUTH; a user
+# name given to a Redis before 6): a setting to fix, not an outage. redis-py derives
+# them from ConnectionError, so they are caught before UNREACHABLE_ERRORS.
+AUTHENTICATION_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
 UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,

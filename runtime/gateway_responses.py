@@ -26,7 +26,7 @@ from .actions import (
     ActionValidationError,
     ClientToolsError,
 )
-from .connection import CLUSTER_ERRORS, UNREACHABLE_ERRORS
+from .connection import AUTHENTICATION_ERRORS, CLUSTER_ERRORS, UNREACHABLE_ERRORS
 from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
@@ -86,7 +86,15 @@ def json_text(value: Any) -> str:
 
 def failure_response(request: Request, exc: Exception) -> JSONResponse:
     """The answer to a request that raised ``exc``."""
-    if isinstance(exc, (*UNREACHABLE_ERRORS, *CLUSTER_ERRORS)):
+    if isinstance(exc, AUTHENTICATION_ERRORS):  # the gateway's settings, not the request
+        log.error(
+            "gateway: %s %s: Redis refused the gateway's credentials: %s",
+            request.method,
+            request.url.path,
+            exc,
+        )
+        response = _error(503, "RedisUnavailable", "Redis refused the gateway's credentials")
+    elif isinstance(exc, (*UNREACHABLE_ERRORS, *CLUSTER_ERRORS)):
         # Not the gateway's fault, nor the request's: one line, no traceback.
         log.warning(
             "gateway: %s %s: Redis is unreachable (%s: %s)",
