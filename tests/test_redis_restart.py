@@ -145,3 +145,19 @@ async def test_a_pooled_connection_whose_transport_was_closed_is_replaced(rt: Ru
     await asyncio.sleep(0)  # the transports close
     assert await rt.ownerships(["/echo/x"]) == [(False, None)]
     assert await rt.ownerships(["/echo/y"]) == [(False, None)]
+
+
+def test_refused_credentials_are_a_503_that_names_them_not_an_outage():
+    """redis-py derives AuthenticationError from ConnectionError: the gateway must not
+    call wrong credentials "unreachable; try again", which no retry will fix."""
+    from redis.exceptions import AuthenticationError
+    from starlette.requests import Request
+
+    from wakeful.gateway_responses import failure_response
+
+    request = Request({"type": "http", "method": "GET", "path": "/entities", "headers": []})
+    response = failure_response(request, AuthenticationError("invalid username-password pair"))
+    assert response.status_code == 503
+    assert b"refused the gateway's credentials" in response.body
+    outage = failure_response(request, RedisConnectionError("Connection refused"))
+    assert b"unreachable" in outage.body
