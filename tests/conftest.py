@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib.abc
 import os
 import secrets
+import shutil
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -20,6 +22,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
+from tests.apps.harness import PrivateRedis
 from tests.cluster_helpers import SlotCheck
 from wakeful import Registry, Runtime, Settings
 from wakeful.connection import connect
@@ -222,3 +225,17 @@ async def client(cluster: Cluster) -> Runtime:
 def store(client: Runtime) -> Any:
     """The store of :func:`client`."""
     return client.store
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own, on a free port, that the test may kill and start
+    again (AOF fsynced on every write); skipped where redis-server is not installed."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

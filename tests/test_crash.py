@@ -10,7 +10,6 @@ the number of messages sent.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +24,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tests.apps import crashy
 from tests.apps.harness import (
     PARTITIONS,
-    PrivateRedis,
     Workers,
     assert_exactly_once,
     client,
@@ -459,18 +457,6 @@ async def test_single_writer_in_process_runtimes(cluster, prefix, caplog):
 
 
 # -- 6. Redis restart with AOF ------------------------------------------------------
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def send_until_accepted(rt: Runtime, url: str, n: int, timeout: float = 15) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,21 +29,11 @@ pytestmark = [
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    private = PrivateRedis(tmp_path / "redis")
-    private.start()
-    try:
-        yield private
-    finally:
-        private.stop()
-
-
-@pytest.fixture
-async def rt(server: PrivateRedis) -> AsyncIterator[Runtime]:
+async def rt(private_redis: PrivateRedis) -> AsyncIterator[Runtime]:
     """A client (no worker) of the private server, with a registered ``echo`` type."""
     registry = Registry()
     register_echo(registry)
-    settings = Settings(redis_url=server.url, prefix="wkrestart", partitions=4)
+    settings = Settings(redis_url=private_redis.url, prefix="wkrestart", partitions=4)
     runtime = Runtime(registry, settings=settings, run_worker=False)
     await runtime.start()
     try:
@@ -54,10 +43,10 @@ async def rt(server: PrivateRedis) -> AsyncIterator[Runtime]:
 
 
 async def test_every_route_answers_503_with_retry_after_while_redis_is_down(
-    server: PrivateRedis, rt: Runtime, caplog: pytest.LogCaptureFixture
+    private_redis: PrivateRedis, rt: Runtime, caplog: pytest.LogCaptureFixture
 ) -> None:
     await rt.send("/echo/x", "hi")
-    server.kill()
+    private_redis.kill()
     caplog.set_level(logging.WARNING, logger="wakeful.gateway")
     requests = [
         ("GET", "/entities", None),
@@ -109,7 +98,7 @@ async def test_an_event_stream_that_loses_redis_ends_with_a_warning(
 
 
 async def test_the_first_commands_after_a_redis_restart_go_through(
-    server: PrivateRedis, rt: Runtime
+    private_redis: PrivateRedis, rt: Runtime
 ) -> None:
     """Every pooled connection was closed by the old server: each is replaced before
     it is used (nothing was sent on it, so nothing can run twice)."""
@@ -117,8 +106,8 @@ async def test_the_first_commands_after_a_redis_restart_go_through(
     assert store is not None
     # Several connections in the pool, all idle.
     await asyncio.gather(*(rt.ownerships(["/echo/x"]) for _ in range(4)))
-    server.kill()
-    server.start()
+    private_redis.kill()
+    private_redis.start()
     await asyncio.sleep(0.2)  # the event loop sees the old connections closed
     assert await rt.ownerships(["/echo/x"]) == [(False, None)]  # a pipeline
     assert await store.redis.get("wkrestart:nothing") is None  # a plain command

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -22,7 +19,7 @@ import msgspec
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tests.apps.harness import PrivateRedis, until
+from tests.apps.harness import until
 from tests.faults import arm_crash, lapse_soon
 from tests.test_cli import run
 from wakeful import Collection, HandlerContext, Registry, Runtime, ScriptedModel, Settings
@@ -183,18 +180,6 @@ async def test_a_worker_killed_at_the_fire_step_leaves_each_occurrence_fired_onc
     expected = [f"standup@{ms(NINE)}", f"standup@{ms(NEXT_NINE)}"]
     assert await until_occurrences(second, url, 2) == expected
     assert await handled(second, url) == expected
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.redis_only
