@@ -43,7 +43,7 @@ import shlex
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import redis.exceptions
 
@@ -54,7 +54,13 @@ from .cli_parser import BROKEN_PIPE, ERROR, INTERRUPTED, TIMED_OUT, UNREACHABLE,
 from .cli_reply import PromptInterrupted
 from .client import Runtime
 from .connection import AUTHENTICATION_ERRORS, CLUSTER_ERRORS, UNREACHABLE_ERRORS
-from .errors import RedisFullError, ReplicaWaitError, WaitTimeoutError, WakefulError
+from .errors import (
+    OutputError,
+    RedisFullError,
+    ReplicaWaitError,
+    WaitTimeoutError,
+    WakefulError,
+)
 from .redaction import RedactingFormatter, redact, redact_url, url_secrets
 from .terminal import err
 
@@ -123,14 +129,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     def error(text: str) -> None:  # every error text passes the redaction
         err.print(f"[red]error:[/] {terminal.escape(redact(text, secrets))}")
 
+    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
     try:
-        return asyncio.run(COMMANDS[args.command](args))
+        code = asyncio.run(COMMANDS[args.command](args))
+        sys.stdout.flush()  # what is still buffered fails here, not at the exit
+        return code
     except ReplicaWaitError as exc:  # written, not yet confirmed: worth a retry
         error(str(exc))
         return UNREACHABLE
     except WaitTimeoutError as exc:  # a --timeout passed (delete, compact, reset)
         error(str(exc))
         return TIMED_OUT
+    except OutputError as exc:
+        error(str(exc))
+        _silence_stdout()  # what is left in its buffer would fail again at the exit
+        return ERROR
     except WakefulError as exc:
         error(str(exc))
         return ERROR
@@ -155,12 +168,54 @@ def main(argv: Sequence[str] | None = None) -> int:
             err.print(f"resume with: {hint}", markup=False)
         return INTERRUPTED
     except BrokenPipeError:  # the reader went away (`wakeful tail ... | head`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
         return BROKEN_PIPE
     except Exception:  # a bug: its traceback, redacted like every other line printed
         err.print(redact(traceback.format_exc(), secrets), markup=False, highlight=False)
         return ERROR
+    finally:
+        sys.stdout = stdout
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush at the exit must not
+    fail on what is still buffered for a reader that is gone or a disk that is full."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+class GuardedStdout:
+    """Standard output for the CLI: a write or flush it refuses (a full disk, an I/O
+    error) is an :class:`OutputError` naming standard output, reported like every other
+    error instead of as a traceback. A closed pipe stays ``BrokenPipeError`` (exit 141).
+    Everything else is the wrapped stream's (Rich writes here too: its console reads
+    ``sys.stdout`` at each print)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _stdout_failed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _stdout_failed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_failed(exc: OSError) -> OutputError:
+    return OutputError(f"cannot write to standard output: {exc.strerror or exc}")
 
 
 def _log_redacted(level: int, secrets: list[str]) -> None:

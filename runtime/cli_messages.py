@@ -21,8 +21,9 @@ from . import terminal, transcript
 from .cli_connect import client_of
 from .cli_parser import OK
 from .cli_reply import follow_reply, identity_of
+from .connection import AUTHENTICATION_ERRORS
 from .content_blocks import attachment
-from .errors import WakefulError
+from .errors import OutputError, WakefulError
 from .events import LogRecord, TrimmedRecord
 from .live import LiveRecord
 from .redaction import redact
@@ -102,8 +103,8 @@ async def tail(args: argparse.Namespace) -> int:
                             out.print(line)
                 return OK
             except redis.exceptions.ConnectionError as exc:
-                if not args.follow:
-                    raise
+                if not args.follow or isinstance(exc, AUTHENTICATION_ERRORS):
+                    raise  # refused credentials: following on would only repeat them
                 lost = terminal.escape(redact(str(exc)))
                 err.print(f"[yellow]connection lost ({lost}); resuming after {args.after}[/]")
                 await asyncio.sleep(1)
@@ -140,8 +141,8 @@ def output(path: str | None) -> Iterator[Callable[[str], object]]:
         sys.stdout.flush()
         return
 
-    def cannot_write(exc: OSError) -> WakefulError:
-        return WakefulError(f"cannot write {path}: {exc.strerror or exc}")
+    def cannot_write(exc: OSError) -> OutputError:
+        return OutputError(f"cannot write {path}: {exc.strerror or exc}")
 
     try:
         sink = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed below)

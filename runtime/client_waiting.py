@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .connection import AUTHENTICATION_ERRORS
 from .errors import (
     RunFailedError,
     RunRefusedError,
@@ -79,6 +80,8 @@ class IdleWaiting:
                 notice.clear()
                 try:
                     result = await check()
+                except AUTHENTICATION_ERRORS:
+                    raise  # a ConnectionError to redis-py, but no wait fixes it
                 except TRANSIENT_ERRORS:
                     if not answered and time.monotonic() >= deadline:
                         raise

@@ -34,6 +34,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ReplicaWaitError                  written, but fewer replicas confirmed than asked
     |   +-- ArchiveError                      the archive hook refused entries: none trimmed
     |   +-- ConfigError (ValueError)
+    |   +-- OutputError (OSError)             the CLI cannot write its output (a full disk)
     |   +-- WaitTimeoutError (TimeoutError)
     |   +-- RunSuspendedError
     |   +-- RunFailedError                    ask: the run did not complete (``status``)
@@ -289,6 +290,11 @@ class ArchiveError(WakefulError):
 
 class ConfigError(WakefulError, ValueError):
     """Settings are invalid or disagree with what the Redis keyspace was set up with."""
+
+
+class OutputError(WakefulError, OSError):
+    """The CLI cannot write its output, to a file or to standard output (a full disk, an
+    I/O error). A reader that closed the pipe is not one: that stays BrokenPipeError."""
 
 
 class WaitTimeoutError(WakefulError, TimeoutError):

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from .connection import AUTHENTICATION_ERRORS
 from .entity_reads import EntityReads
 from .errors import EventDecodeError
 from .events import LogRecord, TrimmedRecord, UndecodableRecord, decode_entry
@@ -56,6 +57,8 @@ async def follow_entity(
             if batch is None and follow:
                 _stop_if_cancelled()
                 batch = await store.read_entity(url, log_at, live_at, block_ms, READ_COUNT)
+        except AUTHENTICATION_ERRORS:
+            raise  # refused credentials are a ConnectionError too, but no retry fixes them
         except TRANSIENT_ERRORS as exc:
             if not follow:
                 raise

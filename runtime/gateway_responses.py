@@ -40,6 +40,7 @@ from .errors import (
     OwnerChangedError,
     PayloadTooLargeError,
     RedisFullError,
+    ReplicaWaitError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
@@ -66,6 +67,9 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidArgsError, 422),
     (InvalidScheduleError, 422),
     (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
+    # Written, but too few replicas confirmed it in time: retry with the same key (503,
+    # like any other state of the servers the request cannot help, with Retry-After).
+    (ReplicaWaitError, 503),
     (WaitTimeoutError, 504),  # a wait (compact or reset with wait) ran out
     (WakefulError, 400),
 ]

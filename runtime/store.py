@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from .acl import Refusals, missing_right
+from .connection import AUTHENTICATION_ERRORS
 from .connection import block_ms as block_ms_for
 from .doorbell import Doorbell
 from .entity_reads import EntityReads, Loaded, StreamBatch
@@ -307,7 +308,11 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                     log.warning("Redis answers; going on")
                 return
             except WAIT_AT_START as exc:
-                if not (wait_for_redis or isinstance(exc, BusyLoadingError)):
+                # Refused credentials are a ConnectionError to redis-py, but no wait fixes
+                # them: say so now instead of "cannot reach Redis" forever.
+                if isinstance(exc, AUTHENTICATION_ERRORS) or not (
+                    wait_for_redis or isinstance(exc, BusyLoadingError)
+                ):
                     raise
                 waited = time.monotonic() - since
                 if said is None or waited - said >= LOADING_NOTICE_S:

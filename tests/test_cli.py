@@ -213,13 +213,23 @@ def test_unreachable_redis_exits_6(prefix):
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
 
 
-def test_wrong_redis_credentials_are_refused_not_unreachable(real_redis_url, prefix):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["send", "/notes/x", "hi"],
+        # A worker waits for a Redis that does not answer yet, but no wait fixes
+        # refused credentials: it must not wait forever saying "cannot reach Redis".
+        ["worker", "tests.apps.quiet:registry"],
+    ],
+    ids=["send", "worker"],
+)
+def test_wrong_redis_credentials_are_refused_not_unreachable(real_redis_url, prefix, command):
     """Redis answered: a user name or password it refuses is exit 1, not 6 (unreachable),
     the password redacted. A real Redis: the fake one takes any credentials."""
     address = urlsplit(real_redis_url).netloc.rpartition("@")[2]
     wrong = urlsplit(real_redis_url)._replace(netloc=f"nobody:pw-{prefix}@{address}")
     result = subprocess.run(
-        [sys.executable, "-m", "wakeful.cli", "send", "/notes/x", "hi"],
+        [sys.executable, "-m", "wakeful.cli", *command],
         cwd=ROOT,
         env=cli_env(prefix, WAKEFUL_REDIS_URL=urlunsplit(wrong)),
         capture_output=True,
@@ -379,6 +389,28 @@ async def test_export_to_a_path_it_cannot_write_is_an_error(worker, server_url, 
         exported = await run(server_url, prefix, "export", "/notes/e1", "-o", str(path))
         assert exported.returncode == 1, exported.stderr
         assert exported.stderr == f"error: cannot write {path}: {reason}\n"
+
+
+async def test_a_full_standard_output_is_an_error_not_a_traceback(worker, server_url, prefix):
+    """stdout on a full disk: every command that prints says so in one line, exit 1
+    (a closed pipe stays exit 141, tested with ``| head``)."""
+    await worker.send("/notes/e2", "add x")
+    await worker.wait_idle("/notes/e2")
+    for command in (["export"], ["tail"], ["tail", "--json"], ["inspect"]):
+        with open("/dev/full", "w") as full:
+            printed = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "wakeful.cli", *command, "/notes/e2"],
+                cwd=ROOT,
+                env={**cli_env(prefix), "WAKEFUL_REDIS_URL": server_url},
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        assert printed.returncode == 1, (command, printed.stderr)
+        said = "error: cannot write to standard output: No space left on device\n"
+        assert printed.stderr == said, (command, printed.stderr)
 
 
 async def test_tail_json_and_resume(worker, server_url, prefix):

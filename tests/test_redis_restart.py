@@ -150,3 +150,43 @@ def test_refused_credentials_are_a_503_that_names_them_not_an_outage():
     assert b"refused the gateway's credentials" in response.body
     outage = failure_response(request, RedisConnectionError("Connection refused"))
     assert b"unreachable" in outage.body
+
+
+def test_too_few_replicas_is_a_503_with_retry_after_not_a_bad_request():
+    """A write its master took but too few replicas confirmed (``replica_wait``) is the
+    servers' state, not the request's fault: 503 with Retry-After, and the message says
+    to retry with the same idempotency key."""
+    from starlette.requests import Request
+
+    from wakeful.errors import ReplicaWaitError
+    from wakeful.gateway_responses import failure_response
+
+    request = Request({"type": "http", "method": "POST", "path": "/entities", "headers": []})
+    response = failure_response(request, ReplicaWaitError("SEND", 0, 1, 500))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"]
+    assert b"same idempotency key" in response.body
+
+
+async def test_a_wait_ends_on_refused_credentials_instead_of_timing_out(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait rides out lost connections until its timeout, but refused credentials
+    (a ConnectionError to redis-py) are no outage: the wait raises them at once, not a
+    timeout that would send the caller looking for a slow worker."""
+    from redis.exceptions import AuthenticationError
+
+    await rt.send("/echo/w", "hi")  # no worker: the entity does not come to rest
+    real_status = rt.status
+    calls = 0
+
+    async def status(url: str, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # the password changed after the wait's first answer
+            raise AuthenticationError("invalid username-password pair")
+        return await real_status(url, **kwargs)
+
+    monkeypatch.setattr(rt, "status", status)
+    with pytest.raises(AuthenticationError):
+        await rt.wait_idle("/echo/w", timeout=2.0)

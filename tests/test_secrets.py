@@ -277,6 +277,40 @@ async def test_the_tail_resume_hint_hides_the_password(private_redis):
     assert_no_secret(output)
 
 
+async def test_tail_follow_stops_when_the_password_stops_working(private_redis):
+    """``tail -f`` rides out a lost connection, but refused credentials (the user's
+    password changed under it) are no outage: it exits 1 naming them, instead of
+    "connection lost; resuming" once a second forever."""
+    url = alice_url(private_redis)
+    rt = Runtime(registry, settings=Settings(redis_url=url, partitions=4), run_worker=False)
+    await rt.start()
+    try:
+        await rt.send("/notes/n2", "add milk")
+    finally:
+        await rt.close()
+    command = [sys.executable, "-m", "wakeful.cli", "tail", "/notes/n2", "-f", "--redis", url]
+    env = {**os.environ, "WAKEFUL_PARTITIONS": "4"}
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # following: the entry is printed
+            if "add milk" in line:
+                break
+        admin = sync_redis.Redis(port=private_redis.port)
+        admin.execute_command("ACL", "SETUSER", "alice", "resetpass", ">another-pw")
+        admin.execute_command("CLIENT", "KILL", "USER", "alice")
+        admin.close()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "Redis refused the credentials" in stderr
+    assert stderr.count("resuming after") <= 1, stderr  # the kill itself: a lost connection
+    assert_no_secret(stderr)
+
+
 async def test_serve_takes_tokens_from_a_file_and_hides_the_password(private_redis, tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text(f"bob={TOKEN}\n")
