@@ -23,6 +23,7 @@ from .replies import (
     as_str,
     parse_identity,
     parse_meta,
+    registry_text,
     stream_entries,
     text_keys,
 )
@@ -175,13 +176,14 @@ class EntityReads(ScriptRunner):
 
         (seconds, micros), members = await self._in_slot(workers, stage)
         now = int(seconds) * 1000 + int(micros) // 1000
-        return [(as_str(w), int(score) - now) for w, score in members if int(score) > now]
+        return [(registry_text(w), int(score) - now) for w, score in members if int(score) > now]
 
     async def lease_holders(self) -> dict[int, str | None]:
         """Partition -> the worker id whose lease it is (None: no lease held)."""
         values = _raised(await self._every_partition(lambda pipe, p: pipe.get(self.keys.lease(p))))
         return {
-            p: as_str(value).rsplit(":", 1)[0] if value else None for p, value in enumerate(values)
+            p: registry_text(value).rsplit(":", 1)[0] if value else None
+            for p, value in enumerate(values)
         }
 
     async def partition_counts(self) -> list[tuple[int, int, int, int]]:

@@ -27,6 +27,16 @@ def as_str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def registry_text(value: bytes | str) -> str:
+    """A member of the worker registry (``<prefix>:workers``), or a lease, as text. Worker ids are
+    ASCII; a member that is not UTF-8 (written by hand or a broken tool) is escaped
+    rather than raised, so that it cannot stop the lease tick of every worker: it is
+    listed by ``wakeful workers`` and leaves the registry when its score expires."""
+    if isinstance(value, str):
+        return value
+    return value.decode(errors="backslashreplace")
+
+
 def stream_entries(raw: list[Any] | None) -> list[Entry]:
     """Normalise stream entries from a Lua reply ([id, [f, v, ...]]) or redis-py."""
     out: list[Entry] = []

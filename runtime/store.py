@@ -51,7 +51,7 @@ from .errors import (
 )
 from .keys import GROUP, LAYOUT, Keyspace, identity_text
 from .lease_store import LeaseStore
-from .replies import EntityMeta, Entry, as_str, parse_meta, stream_entries, text_keys
+from .replies import EntityMeta, Entry, as_str, parse_meta, registry_text, stream_entries, text_keys
 from .schedule_store import ScheduleStore
 from .script_runner import (
     ACQUIRE,
@@ -760,7 +760,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         reply = await self._run(
             HEARTBEAT, [self.keys.workers], [worker_id, "" if ttl_ms is None else ttl_ms]
         )
-        return [as_str(w) for w in reply]
+        return [registry_text(w) for w in reply]
 
     async def acquire(self, partition: int, worker_id: str, ttl_ms: int) -> str | None:
         k = self.keys
@@ -777,7 +777,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
 
     async def lease_owner(self, partition: int) -> str | None:
         value = await self.redis.get(self.keys.lease(partition))
-        return as_str(value) if value else None
+        return registry_text(value) if value else None
 
     async def ensure_group(self, partition: int) -> None:
         key = self.keys.inbox(partition)

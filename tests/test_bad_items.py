@@ -22,6 +22,7 @@ from tests.apps.harness import until
 from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings, WakefulError
 from wakeful.connection import connect
 from wakeful.keys import GROUP
+from wakeful.leases import rendezvous_owner
 
 pytestmark = pytest.mark.anyio
 
@@ -277,3 +278,22 @@ async def test_a_cancel_request_that_is_not_utf8_does_not_stop_the_cancel_relay(
     await until(delivered, 10, "the worker's cancel listener to get the request")
     await served(rt, url_in(rt, 1), "still served", seen)
     assert not rt._worker_task.done()
+
+
+async def test_a_registry_member_that_is_not_utf8_does_not_stop_the_lease_tick(cluster):
+    """The lease tick reads the worker registry at each heartbeat: one member written by
+    hand that is not UTF-8 had failed every tick, so every lease lapsed."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    ghost = "\\xff\\xfe"  # how the member is listed
+    me = rt.worker.id
+    p = next(p for p in range(4) if rendezvous_owner(p, [me, ghost]) == me)
+    await rt.store.redis.zadd(rt.store.keys.workers, {b"\xff\xfe": 2**50})
+
+    async def listed() -> bool:
+        return ghost in {w.id for w in await rt.workers()}
+
+    await until(listed, 10, "the member to be listed")
+    await served(rt, url_in(rt, p), "still served", seen)
+    await assert_lease_kept(rt, p)
+    assert await rt.partition_owner(p) == me
