@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from .errors import EntityNotFoundError
+from .errors import EntityNotFoundError, EventDecodeError, SnapshotError
 from .events import (
     HistoryEvent,
     LogRecord,
@@ -93,11 +93,18 @@ class StateReads:
 
     async def status(self, url: str, *, runs: bool = False) -> EntityStatus:
         """Where the entity stands; with ``runs`` also its current and last finished
-        run (read from its state, so it costs a load of the entity)."""
+        run (read from its state, so it costs a load of the entity). A state that
+        cannot be read (a damaged snapshot or log entry) is reported, not raised: the
+        status is ``failed``, and ``error`` says why unless the entity is parked already."""
         status = entity_status(url, await self._entity_meta(url))
         if not runs:
             return status
-        system = (await self._folded(url)).system
+        try:
+            system = (await self._folded(url)).system
+        except (SnapshotError, EventDecodeError) as exc:  # reported, as corrupt metadata is
+            if status.status == "failed":
+                return status  # parked: its error says why
+            return dataclasses.replace(status, status="failed", error=str(exc))
         current = None
         if system.run is not None:
             word = "suspended" if system.actions else "running"

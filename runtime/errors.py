@@ -145,15 +145,22 @@ class EventDecodeError(WakefulError):
         super().__init__(f"event {stream_id} of {url} could not be decoded: {reason}")
 
 
-class ConversationChunkError(WakefulError):
-    """A snapshot references a conversation chunk that is missing or unreadable, so
-    the state is unknown (the commit that writes a snapshot writes its chunks in the
-    same script, so only a hand-edited or damaged keyspace shows this)."""
+class SnapshotError(WakefulError):
+    """The entity's snapshot cannot be read (not a snapshot, truncated, or of a newer
+    version), so its state is unknown: readers raise this rather than a decoder's
+    error, and a worker parks the entity with it. Only a hand-edited or damaged
+    keyspace shows this."""
 
     def __init__(self, reason: str, url: str = "") -> None:
         self.reason = reason
         self.url = url
         super().__init__(f"the state of {url} cannot be read: {reason}" if url else reason)
+
+
+class ConversationChunkError(SnapshotError):
+    """A snapshot references a conversation chunk that is missing or unreadable, so
+    the state is unknown (the commit that writes a snapshot writes its chunks in the
+    same script, so only a hand-edited or damaged keyspace shows this)."""
 
 
 class UnreadableHistoryError(EventDecodeError):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConversationChunkError, EventDecodeError, UnreadableHistoryError
+from .errors import EventDecodeError, SnapshotError, UnreadableHistoryError
 from .events import Event, LogRecord, Resumed, decode_entry
 from .state import EntityState
 from .streamids import ZERO, id_gt
@@ -54,8 +54,8 @@ def initial_state(
     if snapshot:
         try:
             return EntityState.from_snapshot(snapshot, collections, snapshot_out or ZERO, chunks)
-        except ConversationChunkError as exc:
-            raise ConversationChunkError(exc.reason, url) from None
+        except SnapshotError as exc:  # name the entity
+            raise type(exc)(exc.reason, url) from None
     return EntityState(collections)
 
 

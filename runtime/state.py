@@ -22,9 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import (
-    ConversationChunkError,
-)
+from .errors import ConversationChunkError, SnapshotError
 from .events import (
     ActionRequested,
     ActionSettled,
@@ -409,7 +407,10 @@ class EntityState:
     ) -> EntityState:
         """The state of a snapshot; ``chunks`` are the fields of the entity's
         conversation hash (read with the snapshot, in one script)."""
-        snap = msgspec.msgpack.decode(data, type=Snapshot)
+        try:
+            snap = msgspec.msgpack.decode(data, type=Snapshot)
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+            raise SnapshotError(f"its snapshot cannot be decoded: {exc}") from exc
         state = cls(collections)
         for name, table in snap.rows.items():
             state.rows[name] = {key: bytes(raw) for key, raw in table.items()}

@@ -19,7 +19,15 @@ import pytest
 from redis.exceptions import ResponseError
 
 from tests.apps.harness import until
-from wakeful import EntityFailed, HandlerContext, Registry, Runtime, Settings, WakefulError
+from wakeful import (
+    EntityFailed,
+    HandlerContext,
+    Registry,
+    Runtime,
+    Settings,
+    SnapshotError,
+    WakefulError,
+)
 from wakeful.connection import connect
 from wakeful.keys import GROUP
 from wakeful.leases import rendezvous_owner
@@ -297,3 +305,35 @@ async def test_a_registry_member_that_is_not_utf8_does_not_stop_the_lease_tick(c
     await served(rt, url_in(rt, p), "still served", seen)
     await assert_lease_kept(rt, p)
     assert await rt.partition_owner(p) == me
+
+
+async def test_a_garbage_snapshot_is_named_parks_its_entity_and_resume_repairs_it(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), snapshot_every=1)
+    p = 1
+    url, other = url_in(rt, p), url_in(rt, p, 1)
+    await served(rt, url, "first", seen)
+    await rt.wait_idle(url)
+    keys = rt.store.keys
+    assert await rt.store.redis.exists(keys.snap(url))
+    await rt.store.redis.set(keys.snap(url), b"garbage")
+
+    with pytest.raises(SnapshotError, match=f"{url} cannot be read: its snapshot cannot be"):
+        await rt.state(url)
+    status = await rt.status(url, runs=True)  # reported, not raised
+    assert status.status == "failed" and "its snapshot cannot be decoded" in status.error
+
+    rt.worker.cache.forget(url)  # a cold load reads the snapshot
+    await rt.send(url, "second")
+    await until(lambda: _status_is(rt, url, "failed"), 10, f"{url} to be parked")
+    status = await rt.status(url, runs=True)
+    assert status.status == "failed" and "its snapshot cannot be decoded" in status.error
+    await served(rt, other, "the partition goes on", seen)
+    await assert_lease_kept(rt, p)
+
+    # The operator drops the snapshot (the log is whole): resume folds the log.
+    await rt.store.redis.delete(keys.snap(url))
+    await rt.store.redis.hdel(keys.meta(url), "snap_upto", "snap_out")
+    await rt.resume(url)
+    await served(rt, url, "third", seen)
+    assert seen[-3:] == ["the partition goes on", "second", "third"]
