@@ -17,6 +17,7 @@ from .streamids import ZERO, id_gt
 
 _ZERO = ZERO.encode()
 _STREAM_ID = re.compile(r"\d+-\d+")
+_PARTIAL = re.compile(r"\d+-\d+ \d+-\d+")  # field "partial": "<first> <last>"
 
 Entry = tuple[str, dict[bytes, bytes]]
 """A stream entry: its id and its fields."""
@@ -106,15 +107,23 @@ class EntityMeta(msgspec.Struct, frozen=True):
     def bad_fields(self) -> list[str]:
         """The names of the fields :meth:`problems` reports."""
         ids = self._positions()
-        return [*self.corrupt_fields, *(n for n, v in ids.items() if not _STREAM_ID.fullmatch(v))]
+        bad = [*self.corrupt_fields, *(n for n, v in ids.items() if not _STREAM_ID.fullmatch(v))]
+        return bad + (["partial"] if self._bad_partial() else [])
 
     def bad_positions(self) -> list[str]:
-        """The stream-id fields (cursor, outbox marks) that are not stream ids."""
-        return [
+        """The stream-id fields (cursor, outbox marks, the ``partial`` mark) that are not
+        stream ids."""
+        bad = [
             f"field {name!r} is {value!r}, not a stream id"
             for name, value in self._positions().items()
             if not _STREAM_ID.fullmatch(value)
         ]
+        if self._bad_partial():
+            bad.append(f"field 'partial' is {self.partial!r}, not '<first id> <last id>'")
+        return bad
+
+    def _bad_partial(self) -> bool:
+        return bool(self.partial) and not _PARTIAL.fullmatch(self.partial)
 
     def _positions(self) -> dict[str, str]:
         return {

@@ -78,8 +78,9 @@ def entity_status(url: str, meta: EntityMeta) -> EntityStatus:
     entity at its next wake)."""
     awaited, timers, error = meta.awaited_children, meta.timers, meta.error
     try:
-        if meta.corrupt:
-            raise ValueError(meta.corrupt)
+        # "partial" is not read on this path: check it with the fields that are.
+        if (meta.corrupt or meta.partial) and (problems := meta.problems()):
+            raise ValueError("; ".join(problems))
         undelivered = meta.undelivered
         if meta.parked:
             status = "failed"

@@ -147,7 +147,11 @@ async def test_a_malformed_timer_member_is_moved_aside_and_timers_still_fire(
 
 @pytest.mark.parametrize(
     ("field", "value", "named"),
-    [("cursor", "garbage", "'cursor' is 'garbage'"), ("attempts", "x", "'attempts' is b'x'")],
+    [
+        ("cursor", "garbage", "'cursor' is 'garbage'"),
+        ("attempts", "x", "'attempts' is b'x'"),
+        ("partial", "garbage", "'partial' is 'garbage'"),
+    ],
 )
 async def test_corrupted_metadata_parks_the_entity_with_the_error_in_its_status(
     cluster, field, value, named
@@ -185,7 +189,7 @@ async def test_corrupted_metadata_parks_the_entity_with_the_error_in_its_status(
     await assert_lease_kept(rt, p)
 
 
-@pytest.mark.parametrize("field", ["cursor", "out_done"])
+@pytest.mark.parametrize("field", ["cursor", "out_done", "partial"])
 async def test_resume_refuses_an_entity_whose_positions_are_corrupted(cluster, field):
     """The cursor says which inputs were handled: resume must not guess it (and the
     script must not fail half-way on it)."""
