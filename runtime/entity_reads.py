@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import msgspec
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
 from .connection import block_ms as block_ms_for
@@ -26,6 +27,7 @@ from .replies import (
     registry_text,
     stream_entries,
     text_keys,
+    unreadable_meta,
 )
 from .script_runner import LOAD, ScriptRunner
 from .streamids import ZERO
@@ -251,6 +253,10 @@ class EntityReads(ScriptRunner):
 
         out: list[EntityMeta | None] = []
         for reply in await self._pipelined(urls, stage):
+            if isinstance(reply, ResponseError) and "WRONGTYPE" in str(reply):
+                # One damaged key is that entity's problem, not every listed entity's.
+                out.append(unreadable_meta(f"its metadata key is not a hash ({reply})"))
+                continue
             if isinstance(reply, Exception):
                 raise reply
             raw = cast("dict[bytes, bytes]", reply)

@@ -157,6 +157,13 @@ def parse_meta(fields: dict[str, bytes]) -> EntityMeta | None:
         return _parse_meta_carefully(fields)
 
 
+def unreadable_meta(reason: str) -> EntityMeta:
+    """The metadata of an entity whose metadata key cannot be read at all (it holds
+    another type): every field empty, ``reason`` in ``corrupt``, so that its status is
+    ``failed`` with the reason, like a corrupted field's."""
+    return _parse_meta_carefully({}, reason)
+
+
 def _parse_meta(fields: dict[str, bytes]) -> EntityMeta:
     get = fields.get
     return EntityMeta(
@@ -182,10 +189,10 @@ def _parse_meta(fields: dict[str, bytes]) -> EntityMeta:
     )
 
 
-def _parse_meta_carefully(fields: dict[str, bytes]) -> EntityMeta:
+def _parse_meta_carefully(fields: dict[str, bytes], unreadable: str = "") -> EntityMeta:
     """:func:`parse_meta` for a hash with a corrupted field: what cannot be read is
     replaced (text) or taken as 0 (numbers), and named in ``corrupt``."""
-    problems: dict[str, str] = {}
+    problems: dict[str, str] = {"meta": unreadable} if unreadable else {}
 
     def text(name: str, default: bytes = b"") -> str:
         raw = fields.get(name) or default

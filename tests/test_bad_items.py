@@ -341,3 +341,21 @@ async def test_a_garbage_snapshot_is_named_parks_its_entity_and_resume_repairs_i
     await rt.resume(url)
     await served(rt, url, "third", seen)
     assert seen[-3:] == ["the partition goes on", "second", "third"]
+
+
+async def test_a_metadata_key_of_the_wrong_type_fails_only_its_entity_in_a_listing(cluster):
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    url, other = url_in(rt, 1), url_in(rt, 1, 1)
+    await served(rt, url, "first", seen)
+    await served(rt, other, "first too", seen)
+    meta = rt.store.keys.meta(url)
+    await rt.store.redis.delete(meta)
+    await rt.store.redis.set(meta, b"garbage")  # a string where a hash belongs
+
+    found = await rt.statuses([url, other])
+    assert found[url] is not None and found[url].status == "failed"
+    assert "its metadata key is not a hash" in (found[url].error or "")
+    assert "WRONGTYPE" in (found[url].error or "")
+    assert found[other] is not None and found[other].status == "idle"
+    await served(rt, other, "the partition goes on", seen)
