@@ -495,6 +495,12 @@ local epoch = KEYS[2]       -- the partition's fencing epoch counter
 local worker_id = ARGV[1]
 local ttl_ms = ARGV[2]
 local current = redis.call('GET', lease)
+-- Every lease is written with an expiry: one without (an operator's SET, a partial
+-- restore) would hold the partition forever. It is taken like a missing one (the epoch
+-- moves on, so no holder of it could commit anyway).
+if current and redis.call('PTTL', lease) == -1 then
+  current = false
+end
 if current then
   if string.sub(current, 1, string.len(worker_id) + 1) == worker_id .. ':' then
     redis.call('PEXPIRE', lease, ttl_ms)

@@ -359,3 +359,16 @@ async def test_a_metadata_key_of_the_wrong_type_fails_only_its_entity_in_a_listi
     assert "WRONGTYPE" in (found[url].error or "")
     assert found[other] is not None and found[other].status == "idle"
     await served(rt, other, "the partition goes on", seen)
+
+
+async def test_a_lease_without_an_expiry_is_taken_over(cluster):
+    """Wakeful writes every lease with an expiry; one set by hand without (or restored
+    without its TTL) had kept its partition from every worker forever."""
+    seen: list[object] = []
+    client = await cluster.runtime(app(seen), run_worker=False)
+    p = 2
+    await client.store.redis.set(client.store.keys.lease(p), "garbage")
+    rt = await cluster.runtime(app(seen))
+    await served(rt, url_in(rt, p), "served", seen)
+    await assert_lease_kept(rt, p)
+    assert await rt.store.redis.pttl(rt.store.keys.lease(p)) > 0
