@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,7 @@ class Settings:
     max_http_connections: int = 256
 
     def __post_init__(self) -> None:
+        self._check_numbers()
         for name in (
             "partitions",
             "lease_ttl_ms",
@@ -141,6 +143,16 @@ class Settings:
                 f"max_connections ({self.max_connections}): each open event stream holds "
                 "a connection while it waits"
             )
+
+    def _check_numbers(self) -> None:
+        """NaN is refused before any bound is checked: it compares false with every
+        number, so ``nan < 1`` and ``nan <= 0`` let it pass them all (``float("nan")``
+        is what ``WAKEFUL_SOCKET_TIMEOUT_S=nan`` reads as), and it would surface later
+        as something else (a Redis that "cannot be reached")."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and math.isnan(value):
+                raise ConfigError(f"setting {f.name} must be a number, got {value}")
 
     def __repr__(self) -> str:
         """The fields, with the password of ``redis_url`` redacted: settings get logged."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -578,3 +579,16 @@ async def test_a_wait_goes_on_through_a_lost_connection(cluster, monkeypatch):
     await rt.send("/echo/e", "hello")
     assert (await rt.wait_idle("/echo/e", timeout=20)).status == "idle"
     assert failures == ["/echo/e", "/echo/e"]
+
+
+FLOAT_SETTINGS = [f.name for f in dataclasses.fields(Settings) if isinstance(f.default, float)]
+
+
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+def test_a_setting_of_nan_is_refused_naming_it(name: str) -> None:
+    """NaN passes every bound (``nan <= 0`` is false): WAKEFUL_SOCKET_TIMEOUT_S=nan made
+    every command say Redis could not be reached. It is refused at once, named."""
+    with pytest.raises(ConfigError, match=f"setting {name} must be a number, got nan"):
+        Settings(**{name: float("nan")})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"setting {name} must be a number"):
+        Settings.from_env({f"WAKEFUL_{name.upper()}": "nan"})
