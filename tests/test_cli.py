@@ -605,6 +605,19 @@ async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
     assert output.count("42") >= 1 and "⚙ calculator" in output
 
 
+@pytest.mark.parametrize("after", ["99999999999999999999-0", "1-99999999999999999999"])
+async def test_tail_after_an_id_past_64_bits_is_named_not_refused_by_redis(
+    worker, server_url, prefix, after
+):
+    await run(server_url, prefix, "send", "/notes/big-after", "add milk")
+    result = await run(server_url, prefix, "tail", "/notes/big-after", "--after", after)
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stderr.strip()
+        == f"error: --after {after!r} is not an event id (like 1700000000000-0)"
+    )
+
+
 async def test_bad_arguments_are_named(worker, server_url, prefix):
     bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
     assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr
