@@ -618,6 +618,17 @@ async def test_tail_after_an_id_past_64_bits_is_named_not_refused_by_redis(
     )
 
 
+def test_an_identity_key_given_twice_is_refused_before_anything_is_sent(server_url, prefix):
+    """``--identity user=alice --identity user=bob`` acted as bob, silently."""
+    args = ["--identity", "user=alice", "--identity", "user=bob"]
+    for command in (["send", "/notes/x", "hi"], ["approve", "/notes/x", "call-1"]):
+        result = wakeful(server_url, prefix, *command, *args)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.strip() == (
+            "error: --identity gives 'user' twice ('alice' and 'bob'): give it once"
+        )
+
+
 async def test_bad_arguments_are_named(worker, server_url, prefix):
     bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
     assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr
