@@ -629,6 +629,26 @@ def test_an_identity_key_given_twice_is_refused_before_anything_is_sent(server_u
         )
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ask", "/notes/t", "hi"],
+        ["delete", "/notes/t"],
+        ["compact", "/notes/t"],
+        ["approve", "/notes/t", "call-1", "--follow"],
+    ],
+)
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(prefix, command, value):
+    """``--timeout nan`` was taken by float() and the wait never ended (no deadline
+    compares past NaN); a negative one timed out at once ("within -1.0s")."""
+    unreachable = "redis://127.0.0.1:1/0"  # refused before it would connect
+    result = wakeful(unreachable, prefix, *command, "--timeout", value)
+    assert result.returncode == 2, result.stderr
+    assert f"argument --timeout: {value!r} is not a number of seconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 async def test_bad_arguments_are_named(worker, server_url, prefix):
     bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
     assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr
