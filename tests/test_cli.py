@@ -649,6 +649,20 @@ def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(prefix, command
     assert "Traceback" not in result.stderr
 
 
+async def test_control_characters_of_a_message_never_reach_the_terminal(worker, server_url, prefix):
+    """A message is untrusted (any HTTP client's): printed as it was, its escape
+    sequences retitled, cleared or rewrote the operator's terminal."""
+    hostile = "add \x1b]0;pwned\x07 \x1b[2J\x9bx"
+    sent = await run(server_url, prefix, "send", "/notes/esc", hostile)
+    assert sent.returncode == 0, sent.stderr
+    await worker.wait_idle("/notes/esc", timeout=20)
+    for command in ("tail", "state"):
+        shown = await run(server_url, prefix, command, "/notes/esc")
+        assert shown.returncode == 0, shown.stderr
+        assert "\\x1b]0;pwned" in shown.stdout and "\\x1b[2J\\x9bx" in shown.stdout
+        assert not any(c in shown.stdout for c in "\x1b\x07\x9b"), shown.stdout
+
+
 async def test_bad_arguments_are_named(worker, server_url, prefix):
     bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
     assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr
