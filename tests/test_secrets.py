@@ -164,6 +164,9 @@ def test_tokens_come_from_a_file_and_the_environment(tmp_path):
         (None, f"bob {TOKEN}\n", "", "line 1: an entry without '=' is not USER=TOKEN"),
         (None, "", f"bob={TOKEN} ={TOKEN}", "WAKEFUL_TOKENS: =... is not USER=TOKEN"),
         ([f"bob={TOKEN}"], f"eve={TOKEN}\n", "", "the same token is given to 'bob' and 'eve'"),
+        # A client cannot send it: the header's bytes are read as Latin-1 (a 401, forever).
+        (None, f"bob={TOKEN}é\n", "", "line 1: the token of 'bob' has a character an HTTP"),
+        ([f"bob={TOKEN}\x00"], "", "", "--token: the token of 'bob' has a character an HTTP"),
     ],
 )
 def test_bad_token_entries_are_named_without_the_token(tmp_path, flags, text, env, message):
