@@ -86,6 +86,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         self._check_numbers()
+        if not isinstance(self.prefix, str) or not self.prefix:
+            raise ConfigError(f"setting prefix must be a non-empty string, got {self.prefix!r}")
         for name in (
             "partitions",
             "lease_ttl_ms",
@@ -179,7 +181,10 @@ class Settings:
             raw = env[var]
             kind: type[Any] = str if f.default is None else type(f.default)
             try:
-                values[f.name] = kind(raw) if kind is not str else (raw or None)
+                if kind is not str:
+                    values[f.name] = kind(raw)
+                else:  # empty is "not set" only where None means that (redis_url)
+                    values[f.name] = raw if raw or f.default is not None else None
             except ValueError:
                 raise ConfigError(
                     f"environment variable {var}={raw!r} is not a valid {kind.__name__}"

@@ -592,3 +592,13 @@ def test_a_setting_of_nan_is_refused_naming_it(name: str) -> None:
         Settings(**{name: float("nan")})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=f"setting {name} must be a number"):
         Settings.from_env({f"WAKEFUL_{name.upper()}": "nan"})
+
+
+def test_an_empty_prefix_is_a_config_error_not_a_traceback() -> None:
+    """``WAKEFUL_PREFIX=`` was read as None (the empty value of a setting whose None
+    means "not set", like redis_url), and every command failed with a TypeError."""
+    with pytest.raises(ConfigError, match="setting prefix must be a non-empty string, got ''"):
+        Settings.from_env({"WAKEFUL_PREFIX": ""})
+    with pytest.raises(ConfigError, match="setting prefix must be a non-empty string"):
+        Settings(prefix="")
+    assert Settings.from_env({"WAKEFUL_REDIS_URL": ""}).redis_url is None  # still "not set"
