@@ -147,14 +147,15 @@ class Settings:
             )
 
     def _check_numbers(self) -> None:
-        """NaN is refused before any bound is checked: it compares false with every
-        number, so ``nan < 1`` and ``nan <= 0`` let it pass them all (``float("nan")``
-        is what ``WAKEFUL_SOCKET_TIMEOUT_S=nan`` reads as), and it would surface later
-        as something else (a Redis that "cannot be reached")."""
+        """NaN and infinity are refused before any bound is checked. NaN compares false
+        with every number, so ``nan < 1`` and ``nan <= 0`` let it pass them all
+        (``WAKEFUL_SOCKET_TIMEOUT_S=nan`` then made every command say Redis could not be
+        reached); infinity passes them and fails later, where a setting becomes
+        milliseconds (``int(inf)``: an OverflowError in ``tail -f`` and the worker)."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, float) and math.isnan(value):
-                raise ConfigError(f"setting {f.name} must be a number, got {value}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"setting {f.name} must be a finite number, got {value}")
 
     def __repr__(self) -> str:
         """The fields, with the password of ``redis_url`` redacted: settings get logged."""

@@ -585,13 +585,16 @@ FLOAT_SETTINGS = [f.name for f in dataclasses.fields(Settings) if isinstance(f.d
 
 
 @pytest.mark.parametrize("name", FLOAT_SETTINGS)
-def test_a_setting_of_nan_is_refused_naming_it(name: str) -> None:
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(name: str, value: str) -> None:
     """NaN passes every bound (``nan <= 0`` is false): WAKEFUL_SOCKET_TIMEOUT_S=nan made
-    every command say Redis could not be reached. It is refused at once, named."""
-    with pytest.raises(ConfigError, match=f"setting {name} must be a number, got nan"):
-        Settings(**{name: float("nan")})  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=f"setting {name} must be a number"):
-        Settings.from_env({f"WAKEFUL_{name.upper()}": "nan"})
+    every command say Redis could not be reached; inf passed and was an OverflowError
+    in ``tail -f`` (int(inf)). Both are refused at once, named."""
+    message = f"setting {name} must be a finite number, got {float(value)}"
+    with pytest.raises(ConfigError, match=message):
+        Settings(**{name: float(value)})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({f"WAKEFUL_{name.upper()}": value})
 
 
 def test_an_empty_prefix_is_a_config_error_not_a_traceback() -> None:
