@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,9 +27,8 @@ from .events import LogRecord, TrimmedRecord
 from .live import LiveRecord
 from .redaction import redact
 from .retention import json_lines
+from .streamids import check_position
 from .terminal import err, out
-
-_STREAM_ID = re.compile(r"\d+(-\d+)?")
 
 
 def _message(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,8 +72,7 @@ async def ask(args: argparse.Namespace) -> int:
 
 
 async def tail(args: argparse.Namespace) -> int:
-    if args.after is not None and not _STREAM_ID.fullmatch(args.after):
-        raise WakefulError(f"--after {args.after!r} is not an event id (like 1700000000000-0)")
+    check_position(args.after, "--after")  # before connecting
     rt = await client_of(args)
     try:
         await rt.status(args.url)  # a clear error for a missing entity

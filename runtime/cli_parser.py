@@ -7,6 +7,7 @@ help texts, and what each exit code means), so the whole surface reads in one pl
 from __future__ import annotations
 
 import argparse
+import math
 
 # Exit codes.
 OK = 0
@@ -22,6 +23,19 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a reader that closed the pipe
 
 
+def seconds(text: str) -> float:
+    """A ``--timeout``: a finite number of seconds, 0 or more. ``float()`` alone takes
+    ``nan`` (a wait that never ends: no deadline compares past it), ``inf`` and
+    negative numbers; they are usage errors instead."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return value
+
+
 def serve_limits(p: argparse.ArgumentParser) -> None:
     """``serve``'s Host allow-list and request limits (defaults: the WAKEFUL_* settings)."""
     p.add_argument(
@@ -35,7 +49,7 @@ def serve_limits(p: argparse.ArgumentParser) -> None:
         ("--max-body-bytes", int, "largest request body (default 1048576)"),
         ("--max-header-bytes", int, "largest request line and headers (default 16384)"),
         ("--max-headers", int, "most headers of a request (default 100)"),
-        ("--header-timeout", float, "seconds to send the request line and headers (default 10)"),
+        ("--header-timeout", seconds, "seconds to send the request line and headers (default 10)"),
         ("--keep-alive", int, "seconds an idle connection stays open (default 5)"),
         ("--max-connections", int, "most open connections (default 256)"),
     ):
@@ -76,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def follow_reply(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--timeout", type=float, default=120.0, help="seconds to wait for idle (default 120)"
+            "--timeout", type=seconds, default=120.0, help="seconds to wait for idle (default 120)"
         )
         p.add_argument(
             "--no-input", action="store_true", help="never prompt for approvals (exit 4 instead)"
@@ -204,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("delete", "delete an entity (its run is cancelled, then every key removed)")
     p.add_argument("url")
     p.add_argument("--no-wait", action="store_true", help="do not wait for a worker to do it")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    p.add_argument("--timeout", type=seconds, default=30.0, help="seconds to wait (default 30)")
     p = command("state", "the entity's committed collections")
     p.add_argument("url")
     p = command("history", "the agent journal: user turns, steps, tool calls and results")
@@ -229,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = command(name, help_text)
         p.add_argument("url")
-        p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it")
+        p.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait for it")
     p = command("manifest", "print the registry's manifest (always JSON)", redis=False)
     p.add_argument("app")
     return parser

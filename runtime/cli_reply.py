@@ -25,11 +25,15 @@ from .terminal import err
 def identity_of(args: argparse.Namespace) -> dict[str, str] | None:
     """The trusted identity from ``--identity KEY=VALUE`` flags (None without any)."""
     pairs = getattr(args, "identity", None) or []
-    identity = {}
+    identity: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise WakefulError(f"--identity {pair!r} must be KEY=VALUE")
+        if key in identity:  # the last one winning would act as someone unintended
+            raise WakefulError(
+                f"--identity gives {key!r} twice ({identity[key]!r} and {value!r}): give it once"
+            )
         identity[key] = value
     return identity or None
 

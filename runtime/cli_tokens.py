@@ -22,11 +22,21 @@ TOKENS_VAR = "WAKEFUL_TOKENS"
 _SEPARATORS = re.compile(r"[\s,]+")
 
 
+_HEADER_TEXT = re.compile(r"[\x20-\x7e]+")  # what a client can send in Authorization
+
+
 def _entry(spec: str, where: str) -> tuple[str, str]:
     user, sep, token = spec.strip().partition("=")
     if not sep or not user.strip() or not token.strip():
         shown = f"{user}=..." if sep else "an entry without '='"
         raise ConfigError(f"{where}: {shown} is not USER=TOKEN")
+    if not _HEADER_TEXT.fullmatch(token.strip()):
+        # The server reads header bytes as Latin-1: a UTF-8 'é' in the header arrives as
+        # 'Ã©' and the token never matches, a 401 with no hint why.
+        raise ConfigError(
+            f"{where}: the token of {user.strip()!r} has a character an HTTP header cannot "
+            "carry (use printable ASCII, e.g. openssl rand -hex 24)"
+        )
     return user.strip(), token.strip()
 
 

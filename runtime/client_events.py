@@ -19,6 +19,7 @@ from .following import follow_entity, until_idle
 from .live import LiveRecord
 from .status import EntityStatus
 from .store import EntityMeta, Store
+from .streamids import check_position
 from .urls import parse_url
 
 
@@ -55,6 +56,8 @@ class LogReads:
         naming the last entry gone, never a silent jump.
         """
         parse_url(url)
+        check_position(after, "after")
+        check_position(live_after, "live_after")
         records = follow_entity(
             self._store,
             url,

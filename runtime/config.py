@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,9 @@ class Settings:
     max_http_connections: int = 256
 
     def __post_init__(self) -> None:
+        self._check_numbers()
+        if not isinstance(self.prefix, str) or not self.prefix:
+            raise ConfigError(f"setting prefix must be a non-empty string, got {self.prefix!r}")
         for name in (
             "partitions",
             "lease_ttl_ms",
@@ -142,6 +146,17 @@ class Settings:
                 "a connection while it waits"
             )
 
+    def _check_numbers(self) -> None:
+        """NaN and infinity are refused before any bound is checked. NaN compares false
+        with every number, so ``nan < 1`` and ``nan <= 0`` let it pass them all
+        (``WAKEFUL_SOCKET_TIMEOUT_S=nan`` then made every command say Redis could not be
+        reached); infinity passes them and fails later, where a setting becomes
+        milliseconds (``int(inf)``: an OverflowError in ``tail -f`` and the worker)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"setting {f.name} must be a finite number, got {value}")
+
     def __repr__(self) -> str:
         """The fields, with the password of ``redis_url`` redacted: settings get logged."""
         url = None if self.redis_url is None else redact_url(self.redis_url)
@@ -167,7 +182,10 @@ class Settings:
             raw = env[var]
             kind: type[Any] = str if f.default is None else type(f.default)
             try:
-                values[f.name] = kind(raw) if kind is not str else (raw or None)
+                if kind is not str:
+                    values[f.name] = kind(raw)
+                else:  # empty is "not set" only where None means that (redis_url)
+                    values[f.name] = raw if raw or f.default is not None else None
             except ValueError:
                 raise ConfigError(
                     f"environment variable {var}={raw!r} is not a valid {kind.__name__}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import hiredis
 import redis.exceptions
@@ -116,6 +116,7 @@ def connect(
     """A client for ``url`` with its own queueing pool; ``redis://`` URLs pack commands
     with hiredis. The defaults are those of :class:`~wakeful.config.Settings`. A
     malformed URL is a :class:`~wakeful.errors.ConfigError` that never shows its password."""
+    _refuse_decoding(url)
     options: dict[str, Any] = {
         "decode_responses": False,
         "socket_timeout": socket_timeout_s,
@@ -137,6 +138,21 @@ def connect(
         problem = redact(str(exc), url_secrets(url))
         raise ConfigError(f"Redis URL {redact_url(url)} is malformed: {problem}") from None
     return Redis.from_pool(pool)
+
+
+def _refuse_decoding(url: str) -> None:
+    """A URL's query options override the client's (redis-py), and the runtime reads
+    replies as bytes (msgpack, stream ids): ``?decode_responses=true`` made every
+    command fail with a UnicodeDecodeError traceback."""
+    try:
+        query = urlsplit(url).query
+    except ValueError:  # malformed: parsing it says why, without its password
+        return
+    if "decode_responses" in parse_qs(query):
+        raise ConfigError(
+            f"Redis URL {redact_url(url)}: Wakeful reads replies as bytes; "
+            "leave decode_responses out of the URL"
+        )
 
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")

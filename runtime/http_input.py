@@ -22,12 +22,11 @@ from starlette.requests import ClientDisconnect, Request
 
 from .errors import HTTPError, InvalidEventError, InvalidPayloadError, InvalidUrlError
 from .json_values import decode_json
+from .streamids import is_stream_id
 from .urls import parse_url
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 _LENGTH = re.compile(r"[0-9]{1,20}")
-_STREAM_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
-_U64 = (1 << 64) - 1
 
 
 async def read_body(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -166,7 +165,7 @@ def resume_position(request: Request) -> tuple[str | None, str | None]:
         return None, None
     log_id, _, live_id = cursor.partition("|")
     for part in (log_id, live_id):
-        if part and not _stream_id(part):
+        if part and not is_stream_id(part):
             raise HTTPError(
                 400,
                 "BadQuery" if what == "after" else "BadHeader",
@@ -174,8 +173,3 @@ def resume_position(request: Request) -> tuple[str | None, str | None]:
                 "of event ids like 1700000000000-0 (either may be empty)",
             )
     return log_id or None, live_id or None
-
-
-def _stream_id(text: str) -> bool:
-    match = _STREAM_ID.fullmatch(text)
-    return match is not None and all(int(n) <= _U64 for n in match.groups())

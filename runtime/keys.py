@@ -29,7 +29,8 @@ key                                         what
                                             (capped stream)
 ``<prefix>:{T}:idem:<url>:<key>``          idempotency key -> event id (string, TTL):
                                             of callers without an identity, and of
-                                            entities' deliveries
+                                            entities' deliveries (``<url>|<key>`` for
+                                            a key with a ':', see Keyspace.idem)
 ``<prefix>:{T}:idem@<digest>:<url>:<key>``  the same, of the caller whose identity's
                                             digest is ``<digest>`` (keys of two
                                             identities never meet)
@@ -83,6 +84,10 @@ def identity_text(identity: dict[str, str]) -> str:
     """An identity as the text stored in metadata (``owner``) and digested into keys:
     compact JSON with sorted keys, so one identity always gives the same text."""
     return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _digest(identity: dict[str, str]) -> str:
+    return hashlib.sha256(identity_text(identity).encode()).hexdigest()[:32]
 
 
 def owner_mark(owner: dict[str, str] | None, *, exists: bool) -> str:
@@ -156,11 +161,16 @@ class Keyspace:
 
     def idem(self, url: str, key: str, identity: dict[str, str] | None = None) -> str:
         """Where an idempotency key is kept: per caller identity, so that one caller
-        using another's key neither finds the other's event nor drops its own."""
-        if identity is None:
-            return f"{self.url_tag(url)}:idem:{url}:{key}"
-        digest = hashlib.sha256(identity_text(identity).encode()).hexdigest()[:32]
-        return f"{self.url_tag(url)}:idem@{digest}:{url}:{key}"
+        using another's key neither finds the other's event nor drops its own.
+
+        ``<url>:<key>`` splits back into one url and one key only when the key has no
+        ':' (an entity id may have them): /t/k with ``x:y`` and /t/k:x with ``y`` were
+        one key, and the second send was dropped as the first's duplicate. A key with
+        a ':' is kept as ``<url>|<key>`` (a url never has a '|'); the others keep the
+        layout they had, so a retry across an upgrade is still deduplicated."""
+        scope = "idem" if identity is None else f"idem@{_digest(identity)}"
+        separator = "|" if ":" in key else ":"
+        return f"{self.url_tag(url)}:{scope}:{url}{separator}{key}"
 
     def inbox(self, partition: int) -> str:
         return f"{self.tag(partition)}:inbox"

@@ -9,10 +9,12 @@ to stderr.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 
 from .events import (
@@ -35,8 +37,31 @@ from .events import (
 )
 from .live import LiveRecord
 
-out = Console(highlight=False, soft_wrap=True, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+# Control characters of the text printed (C0 but tab and newline, DEL, C1), shown
+# as escapes: what an entity's log holds comes from HTTP clients and models.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+class SafeConsole(Console):
+    """A Rich console that never writes a control character of the text it prints.
+
+    An HTTP client's message (``\\x1b]0;title\\x07``, ``\\x1b[2J``) printed as it is by
+    ``wakeful tail`` or ``state`` would drive the operator's terminal: retitle it,
+    clear it, rewrite lines already shown. Rich's own styles and cursor moves are
+    not text (a style, a control segment), so they pass; every text segment has its
+    control characters escaped, whichever command printed it."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment
+            if segment.control
+            else Segment(segment.text.translate(_CONTROLS), segment.style)
+            for segment in buffer
+        )
+
+
+out = SafeConsole(highlight=False, soft_wrap=True, emoji=False)
+err = SafeConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def _reader_went_away() -> None:

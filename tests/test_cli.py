@@ -605,6 +605,64 @@ async def test_ask_streams_on_a_terminal(worker, server_url, prefix):
     assert output.count("42") >= 1 and "⚙ calculator" in output
 
 
+@pytest.mark.parametrize("after", ["99999999999999999999-0", "1-99999999999999999999"])
+async def test_tail_after_an_id_past_64_bits_is_named_not_refused_by_redis(
+    worker, server_url, prefix, after
+):
+    await run(server_url, prefix, "send", "/notes/big-after", "add milk")
+    result = await run(server_url, prefix, "tail", "/notes/big-after", "--after", after)
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stderr.strip()
+        == f"error: --after {after!r} is not an event id (like 1700000000000-0)"
+    )
+
+
+def test_an_identity_key_given_twice_is_refused_before_anything_is_sent(server_url, prefix):
+    """``--identity user=alice --identity user=bob`` acted as bob, silently."""
+    args = ["--identity", "user=alice", "--identity", "user=bob"]
+    for command in (["send", "/notes/x", "hi"], ["approve", "/notes/x", "call-1"]):
+        result = wakeful(server_url, prefix, *command, *args)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.strip() == (
+            "error: --identity gives 'user' twice ('alice' and 'bob'): give it once"
+        )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ask", "/notes/t", "hi"],
+        ["delete", "/notes/t"],
+        ["compact", "/notes/t"],
+        ["approve", "/notes/t", "call-1", "--follow"],
+    ],
+)
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(prefix, command, value):
+    """``--timeout nan`` was taken by float() and the wait never ended (no deadline
+    compares past NaN); a negative one timed out at once ("within -1.0s")."""
+    unreachable = "redis://127.0.0.1:1/0"  # refused before it would connect
+    result = wakeful(unreachable, prefix, *command, "--timeout", value)
+    assert result.returncode == 2, result.stderr
+    assert f"argument --timeout: {value!r} is not a number of seconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_control_characters_of_a_message_never_reach_the_terminal(worker, server_url, prefix):
+    """A message is untrusted (any HTTP client's): printed as it was, its escape
+    sequences retitled, cleared or rewrote the operator's terminal."""
+    hostile = "add \x1b]0;pwned\x07 \x1b[2J\x9bx"
+    sent = await run(server_url, prefix, "send", "/notes/esc", hostile)
+    assert sent.returncode == 0, sent.stderr
+    await worker.wait_idle("/notes/esc", timeout=20)
+    for command in ("tail", "state"):
+        shown = await run(server_url, prefix, command, "/notes/esc")
+        assert shown.returncode == 0, shown.stderr
+        assert "\\x1b]0;pwned" in shown.stdout and "\\x1b[2J\\x9bx" in shown.stdout
+        assert not any(c in shown.stdout for c in "\x1b\x07\x9b"), shown.stdout
+
+
 async def test_bad_arguments_are_named(worker, server_url, prefix):
     bad_after = await run(server_url, prefix, "tail", "/notes/x", "--after", "abc")
     assert bad_after.returncode == 1 and "--after 'abc' is not an event id" in bad_after.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -578,3 +579,29 @@ async def test_a_wait_goes_on_through_a_lost_connection(cluster, monkeypatch):
     await rt.send("/echo/e", "hello")
     assert (await rt.wait_idle("/echo/e", timeout=20)).status == "idle"
     assert failures == ["/echo/e", "/echo/e"]
+
+
+FLOAT_SETTINGS = [f.name for f in dataclasses.fields(Settings) if isinstance(f.default, float)]
+
+
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(name: str, value: str) -> None:
+    """NaN passes every bound (``nan <= 0`` is false): WAKEFUL_SOCKET_TIMEOUT_S=nan made
+    every command say Redis could not be reached; inf passed and was an OverflowError
+    in ``tail -f`` (int(inf)). Both are refused at once, named."""
+    message = f"setting {name} must be a finite number, got {float(value)}"
+    with pytest.raises(ConfigError, match=message):
+        Settings(**{name: float(value)})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({f"WAKEFUL_{name.upper()}": value})
+
+
+def test_an_empty_prefix_is_a_config_error_not_a_traceback() -> None:
+    """``WAKEFUL_PREFIX=`` was read as None (the empty value of a setting whose None
+    means "not set", like redis_url), and every command failed with a TypeError."""
+    with pytest.raises(ConfigError, match="setting prefix must be a non-empty string, got ''"):
+        Settings.from_env({"WAKEFUL_PREFIX": ""})
+    with pytest.raises(ConfigError, match="setting prefix must be a non-empty string"):
+        Settings(prefix="")
+    assert Settings.from_env({"WAKEFUL_REDIS_URL": ""}).redis_url is None  # still "not set"

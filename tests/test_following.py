@@ -19,7 +19,7 @@ from wakeful import (
     RunFinished,
     ScriptedModel,
 )
-from wakeful.errors import EntityNotFoundError, WaitTimeoutError
+from wakeful.errors import EntityNotFoundError, WaitTimeoutError, WakefulError
 from wakeful.following import _merged
 from wakeful.models import ModelResponse
 from wakeful.streamids import id_gt
@@ -115,6 +115,26 @@ async def test_stream_until_idle_errors(cluster):
     await rt.send("/broken/b", "x")
     kinds = [type(r.event).__name__ async for r in rt.stream_until_idle("/broken/b")]
     assert kinds[-1] == "EntityFailed"
+
+
+@pytest.mark.parametrize(
+    ("name", "position"),
+    [
+        ("after", "99999999999999999999-0"),  # digits, but past 64 bits
+        ("after", "1-18446744073709551616"),
+        ("after", "abc"),
+        ("live_after", "1-x"),
+    ],
+)
+async def test_a_position_that_is_no_event_id_is_refused_naming_it(cluster, name, position):
+    """Redis refused such a read with "Invalid stream ID", an error of the server that
+    named neither the argument nor the value."""
+    rt = await cluster.runtime(adding_app(adding_model(), []))
+    await rt.send("/bot/p", "hello")
+    with pytest.raises(WakefulError, match=f"{name} '{position}' is not an event id"):
+        async for _ in rt.events("/bot/p", live=True, **{name: position}):
+            pass
+    assert [r.id async for r in rt.events("/bot/p", after="18446744073709551615-0")] == []
 
 
 async def test_live_position_and_lag(cluster):

@@ -167,6 +167,39 @@ async def test_an_idempotency_key_of_one_entity_does_not_dedupe_another(store):
     assert [e for _, e in await log(store, "/t/b")] == [b"C", b"m"]
 
 
+@pytest.mark.parametrize("identity", [None, {"user": "alice"}])
+async def test_a_key_with_a_colon_does_not_dedupe_an_entity_whose_id_continues_the_url(
+    store, identity
+):
+    """``idem:<url>:<key>`` was one string for /t/k + key ``x:y`` and /t/k:x + key ``y``
+    (an id may hold ':'): in one partition, the second send was answered with the
+    first entity's event id and dropped, and /t/k:x was never created."""
+    k = store.keys
+    first, second = next(
+        (f"/t/k{i}", f"/t/k{i}:x")
+        for i in range(1000)
+        if k.partition(f"/t/k{i}") == k.partition(f"/t/k{i}:x")
+    )
+    a = await store.append_input(
+        first,
+        "t",
+        created=b"C",
+        events=[("i", b"a")],
+        idempotency_key="x:y",
+        idempotency_identity=identity,
+    )
+    b = await store.append_input(
+        second,
+        "t",
+        created=b"C",
+        events=[("i", b"b")],
+        idempotency_key="y",
+        idempotency_identity=identity,
+    )
+    assert a.appended and b.appended
+    assert [e for _, e in await log(store, second)] == [b"C", b"b"]
+
+
 async def test_create_makes_the_entity_with_its_args_and_parent(store):
     result = await store.append_input(
         URL, "t", created=b"C", events=[], args=b"A1", parent="/p/x", mode="create"

@@ -87,6 +87,20 @@ def test_a_malformed_url_is_a_config_error_that_does_not_quote_the_password(url)
     assert PASSWORD not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{PASSWORD}@127.0.0.1:6379/0?decode_responses=true",
+        f"redis+cluster://:{PASSWORD}@127.0.0.1:7000?decode_responses=1",
+    ],
+)
+def test_a_url_asking_for_decoded_replies_is_refused_naming_the_option(url):
+    """The URL's options override the client's: every command was a UnicodeDecodeError."""
+    with pytest.raises(ConfigError, match="leave decode_responses out of the URL") as info:
+        connect(url)
+    assert PASSWORD not in str(info.value)
+
+
 def test_log_lines_are_redacted():
     formatter = RedactingFormatter("%(message)s", url_secrets(f"redis://:{PASSWORD}@h"))
     try:
@@ -164,6 +178,9 @@ def test_tokens_come_from_a_file_and_the_environment(tmp_path):
         (None, f"bob {TOKEN}\n", "", "line 1: an entry without '=' is not USER=TOKEN"),
         (None, "", f"bob={TOKEN} ={TOKEN}", "WAKEFUL_TOKENS: =... is not USER=TOKEN"),
         ([f"bob={TOKEN}"], f"eve={TOKEN}\n", "", "the same token is given to 'bob' and 'eve'"),
+        # A client cannot send it: the header's bytes are read as Latin-1 (a 401, forever).
+        (None, f"bob={TOKEN}é\n", "", "line 1: the token of 'bob' has a character an HTTP"),
+        ([f"bob={TOKEN}\x00"], "", "", "--token: the token of 'bob' has a character an HTTP"),
     ],
 )
 def test_bad_token_entries_are_named_without_the_token(tmp_path, flags, text, env, message):
