@@ -57,6 +57,7 @@ __all__ = [  # the errors live in errors.py; re-exported here for existing impor
     "ClientToolsError",
     "answer_event",
     "check_answer",
+    "check_answerer",
     "check_client_tools",
     "default_authorizer",
     "expired",
@@ -79,12 +80,11 @@ def check_answer(
     output: Any = None,
     edited_input: Any = None,
 ) -> None:
-    """Raise an ActionError naming what is wrong with this answer."""
-    if action is None:
-        raise ActionNotPendingError(
-            f"{url} has no pending action for tool call {tool_call_id!r} "
-            "(unknown, or answered already)"
-        )
+    """Raise an ActionError naming what is wrong with this answer. Who may answer is
+    checked first: a caller who may not learns nothing more of the call (its kind, its
+    schemas) from the refusal."""
+    check_answerer(action, url, tool_call_id, identity, authorizer)
+    assert action is not None  # check_answerer refuses a missing one
     allowed = {
         "client": {"output", "failed", "cancelled", "skipped"},
         "approval": {"approved", "denied", "cancelled", "skipped"},
@@ -100,10 +100,6 @@ def check_answer(
             f"cannot {verbs.get(decision, decision)} tool call {tool_call_id!r} of {url}: "
             f"it waits for {'a client tool result' if action.kind == 'client' else 'an approval'}"
         )
-    if not authorizer(action, identity):
-        raise ActionNotAuthorizedError(
-            f"identity {identity!r} may not answer tool call {tool_call_id!r} of {url}"
-        )
     if decision == "output" and action.output_schema is not None:
         _validate(
             output, action.output_schema, f"output for tool call {tool_call_id!r} ({action.tool})"
@@ -113,6 +109,25 @@ def check_answer(
             edited_input,
             action.input_schema,
             f"edited input for tool call {tool_call_id!r} ({action.tool})",
+        )
+
+
+def check_answerer(
+    action: ActionRequested | None,
+    url: str,
+    tool_call_id: str,
+    identity: dict[str, str] | None,
+    authorizer: Authorizer,
+) -> None:
+    """Raise unless the call is pending and ``identity`` may answer it."""
+    if action is None:
+        raise ActionNotPendingError(
+            f"{url} has no pending action for tool call {tool_call_id!r} "
+            "(unknown, or answered already)"
+        )
+    if not authorizer(action, identity):
+        raise ActionNotAuthorizedError(
+            f"identity {identity!r} may not answer tool call {tool_call_id!r} of {url}"
         )
 
 

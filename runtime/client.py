@@ -65,7 +65,7 @@ from .events import (
     pack,
 )
 from .json_values import json_builtins
-from .keys import Keyspace
+from .keys import Keyspace, check_idempotency_key
 from .notices import Notices
 from .registry import Registry
 from .retention import Exporter
@@ -268,6 +268,7 @@ class Runtime(
         text, checked first: a block the API would refuse is an
         :class:`InvalidContentError` naming it, and nothing is written.
         """
+        check_idempotency_key(idempotency_key)
         if content is not None:
             content = check_content(content)
         parsed = parse_url(url)
@@ -329,6 +330,7 @@ class Runtime(
         ``identity``, and ``expect_owner`` is checked as by :meth:`send`.
         """
         url = entity_url(type_name, entity_id)
+        check_idempotency_key(idempotency_key)
         await self._check_type(type_name)
         args = json_builtins(args, "args")  # NaN, too deep: refused before any check
         if type_name in self.registry:

@@ -20,6 +20,7 @@ from .actions import (
     Authorizer,
     answer_event,
     check_answer,
+    check_answerer,
     expired,
 )
 from .cancellation import CancelSignal
@@ -150,7 +151,10 @@ class PendingActions:
         action = state.system.actions.get(tool_call_id)
         if action is None:
             await self._refuse_closed(url, tool_call_id)
-        if action is not None and expired(action):
+        # A caller who may not answer writes nothing, not even the expiry.
+        check_answerer(action, url, tool_call_id, identity, self.action_authorizer)
+        assert action is not None
+        if expired(action):
             expiry = answer_event(tool_call_id, "expired", None, error="expired before an answer")
             await self._store.settle_action(url, tool_call_id, encode_event(expiry))
             raise ActionNotPendingError(f"tool call {tool_call_id!r} of {url} expired")

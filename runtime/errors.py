@@ -29,6 +29,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ArgsConflictError (ValueError)
     |   +-- OwnerChangedError                 the owner an authoriser saw changed: nothing written
     |   +-- InvalidArgsError (ValueError)
+    |   +-- InvalidIdempotencyKeyError (ValueError)  not text, or too long: nothing written
     |   +-- FencedError
     |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
     |   +-- ReplicaWaitError                  written, but fewer replicas confirmed than asked
@@ -237,6 +238,12 @@ class OwnerChangedError(WakefulError):
         self.url = url
         self.seen = seen  # the owner now: "!" missing, "~" none, "=<identity JSON>"
         super().__init__(f"the owner of {url} changed while the request was checked")
+
+
+class InvalidIdempotencyKeyError(WakefulError, ValueError):
+    """An idempotency key that is not text of at most
+    :data:`~wakeful.keys.MAX_IDEMPOTENCY_KEY` characters (it becomes part of a Redis
+    key kept for ``idempotency_ttl_s``): nothing was written."""
 
 
 class InvalidArgsError(WakefulError, ValueError):

@@ -33,6 +33,7 @@ from .errors import (
     HTTPError,
     InvalidArgsError,
     InvalidEventError,
+    InvalidIdempotencyKeyError,
     InvalidPayloadError,
     InvalidScheduleError,
     InvalidUrlError,
@@ -65,6 +66,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (OwnerChangedError, 409),  # the owner kept changing while the request was checked
     (NotFailedError, 409),
     (InvalidArgsError, 422),
+    (InvalidIdempotencyKeyError, 400),  # the Idempotency-Key header
     (InvalidScheduleError, 422),
     (RedisFullError, 507),  # Redis at maxmemory: nothing was written, retry later
     # Written, but too few replicas confirmed it in time: retry with the same key (503,

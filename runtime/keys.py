@@ -70,7 +70,7 @@ import hashlib
 import json
 import zlib
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidIdempotencyKeyError
 
 GROUP = "workers"
 """The consumer group of every partition inbox."""
@@ -84,6 +84,26 @@ def identity_text(identity: dict[str, str]) -> str:
     """An identity as the text stored in metadata (``owner``) and digested into keys:
     compact JSON with sorted keys, so one identity always gives the same text."""
     return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+MAX_IDEMPOTENCY_KEY = 256
+"""The longest idempotency key a caller may give, in characters: it becomes part of a
+Redis key name, kept for ``idempotency_ttl_s`` (a UUID or a hash needs far less)."""
+
+
+def check_idempotency_key(key: object) -> None:
+    """Refuse a caller's idempotency key that is not text or is too long, before
+    anything is written (an empty key is no key)."""
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise InvalidIdempotencyKeyError(
+            f"the idempotency key must be text, not {type(key).__name__}"
+        )
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidIdempotencyKeyError(
+            f"the idempotency key has {len(key)} characters; at most {MAX_IDEMPOTENCY_KEY} are kept"
+        )
 
 
 def _digest(identity: dict[str, str]) -> str:

@@ -93,7 +93,11 @@ local n = tonumber(ARGV[10]) -- then n pairs (flag, event): flag 'i' input (move
 local first_pair = 11
 if idem_ttl ~= '' then
   local prior = redis.call('GET', idem)
-  if prior then return {0, prior, redis.call('HGET', meta, 'created') or ''} end
+  -- Only an event id is an earlier send's answer: a value written by hand (garbage)
+  -- would drop this send and answer the garbage as its id. It is overwritten below.
+  if prior and string.match(prior, '^%d+%-%d+$') then
+    return {0, prior, redis.call('HGET', meta, 'created') or ''}
+  end
 end
 local created_id = redis.call('HGET', meta, 'created')
 if expect ~= '' then
@@ -603,8 +607,10 @@ HEARTBEAT = """
 local workers = KEYS[1]     -- live workers, score = expiry ms
 local worker_id = ARGV[1]
 local ttl_ms = ARGV[2]      -- '' = deregister
+local horizon_ms = ARGV[3]  -- no worker's expiry is further ahead than this
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dropped = {}
 if ttl_ms == '' then
   redis.call('ZREM', workers, worker_id)
 else
@@ -612,9 +618,15 @@ else
   if not expires or expires < now + tonumber(ttl_ms) / 2 then
     redis.call('ZADD', workers, now + tonumber(ttl_ms), worker_id)
   end
+  -- A member that expires further ahead than any worker sets (written by hand, a
+  -- restore from another clock) would get its share of the partitions, served by no
+  -- one, for ever: it goes, and the caller names it.
+  local beyond = '(' .. (now + tonumber(horizon_ms))
+  dropped = redis.call('ZRANGEBYSCORE', workers, beyond, '+inf')
+  if #dropped > 0 then redis.call('ZREMRANGEBYSCORE', workers, beyond, '+inf') end
 end
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
-return redis.call('ZRANGE', workers, 0, -1)
+return {redis.call('ZRANGE', workers, 0, -1), dropped}
 """
 
 # Append a client's tool data for a call whose action is still pending. It does not

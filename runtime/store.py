@@ -135,6 +135,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 # What a worker waits out at its start (a Redis restarting, loading, not up yet).
 WAIT_AT_START: tuple[type[BaseException], ...] = (BusyLoadingError, *TRANSIENT_ERRORS)
 UNREACHABLE_RETRY_S = 0.5  # a worker waiting for a Redis that does not answer yet
+REGISTRY_HORIZON_MS = 600_000  # no worker registers further ahead (see Store.heartbeat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -757,10 +758,22 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     # -- partitions: leases, inbox -------------------------------------------
 
     async def heartbeat(self, worker_id: str, ttl_ms: int | None) -> list[str]:
-        reply = await self._run(
-            HEARTBEAT, [self.keys.workers], [worker_id, "" if ttl_ms is None else ttl_ms]
-        )
-        return [registry_text(w) for w in reply]
+        """Register (or with ``ttl_ms=None`` deregister) ``worker_id``; the live workers.
+
+        A member that expires more than :data:`REGISTRY_HORIZON_MS` (or ten heartbeat
+        periods) ahead was not written by a worker: it is removed, with a warning."""
+        horizon = max(REGISTRY_HORIZON_MS, 10 * (ttl_ms or 0))
+        args = [worker_id, "" if ttl_ms is None else ttl_ms, horizon]
+        live, dropped = await self._run(HEARTBEAT, [self.keys.workers], args)
+        for member in dropped:
+            log.warning(
+                "removed %r from the worker registry %s: its expiry was more than %d s "
+                "ahead, further than any worker sets (written by hand?)",
+                registry_text(member),
+                self.keys.workers,
+                horizon // 1000,
+            )
+        return [registry_text(w) for w in live]
 
     async def acquire(self, partition: int, worker_id: str, ttl_ms: int) -> str | None:
         k = self.keys

@@ -289,6 +289,12 @@ async def test_a_message_of_another_identity_waits_for_its_own_run(cluster: Any)
     assert [t.identity for t in turns] == [ALICE]
     with pytest.raises(ActionNotAuthorizedError):
         await rt.approve(VAULT, alices.tool_call_id, identity=BOB)
+    # Whatever bob tries, the refusal is the same and tells him nothing of the call
+    # (that it waits for an approval, not a client's output).
+    with pytest.raises(ActionNotAuthorizedError):
+        await rt.submit_tool_result(VAULT, alices.tool_call_id, {"ok": 1}, identity=BOB)
+    with pytest.raises(ActionNotAuthorizedError):
+        await rt.fail_action(VAULT, alices.tool_call_id, "no", identity=BOB)
     assert forgotten == []
 
     await rt.approve(VAULT, alices.tool_call_id, identity=ALICE)

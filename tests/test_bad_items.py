@@ -300,7 +300,8 @@ async def test_a_registry_member_that_is_not_utf8_does_not_stop_the_lease_tick(c
     ghost = "\\xff\\xfe"  # how the member is listed
     me = rt.worker.id
     p = next(p for p in range(4) if rendezvous_owner(p, [me, ghost]) == me)
-    await rt.store.redis.zadd(rt.store.keys.workers, {b"\xff\xfe": 2**50})
+    seconds, _ = await rt.store.redis.time()  # an expiry a worker could set: kept
+    await rt.store.redis.zadd(rt.store.keys.workers, {b"\xff\xfe": seconds * 1000 + 60_000})
 
     async def listed() -> bool:
         return ghost in {w.id for w in await rt.workers()}
@@ -309,6 +310,25 @@ async def test_a_registry_member_that_is_not_utf8_does_not_stop_the_lease_tick(c
     await served(rt, url_in(rt, p), "still served", seen)
     await assert_lease_kept(rt, p)
     assert await rt.partition_owner(p) == me
+
+
+async def test_a_registry_member_far_ahead_is_removed_and_its_partitions_served(cluster):
+    """A member written by hand with an expiry no worker sets (years ahead) got its
+    share of the partitions, which no one served, for ever: the heartbeat removes it."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    me = rt.worker.id
+    p = next(p for p in range(4) if rendezvous_owner(p, [me, "ghost"]) == "ghost")
+    workers = rt.store.keys.workers
+    await rt.store.redis.zadd(workers, {b"ghost": 2**50})
+
+    async def removed() -> bool:
+        return await rt.store.redis.zscore(workers, b"ghost") is None
+
+    await until(removed, 10, "the heartbeat to remove the member")
+    await served(rt, url_in(rt, p), "served by the live worker", seen)
+    await assert_lease_kept(rt, p)
+    assert "ghost" not in {w.id for w in await rt.workers()}
 
 
 async def test_a_garbage_snapshot_is_named_parks_its_entity_and_resume_repairs_it(cluster):

@@ -12,7 +12,9 @@ import pytest
 from tests.gateway_apps import ALICE, BOB, TOKENS, http_for, register_echo
 from wakeful import HandlerContext, Registry, ScriptedModel, define_agent, define_tool
 from wakeful.authorization import EntityAccess
+from wakeful.errors import InvalidIdempotencyKeyError
 from wakeful.gateway import bearer_tokens
+from wakeful.keys import MAX_IDEMPOTENCY_KEY
 from wakeful.models import ModelResponse
 
 pytestmark = pytest.mark.anyio
@@ -78,6 +80,34 @@ def sse_events(text: str) -> list[tuple[str, str, dict[str, Any]]]:
         fields = dict(line.split(": ", 1) for line in block.splitlines())
         out.append((fields["id"], fields["event"], json.loads(fields["data"])))
     return out
+
+
+async def test_an_idempotency_key_too_long_to_keep_is_a_400_and_writes_nothing(cluster):
+    """The key becomes part of a Redis key name kept for a day: a 10 KB one was taken.
+    Refused over HTTP (messages and create) and in the client, naming the limit."""
+    http, rt = await client_for(cluster)
+    long_key = "k" * (MAX_IDEMPOTENCY_KEY + 1)
+    async with http:
+        for path, body in (
+            ("/entities/echo/i1/messages", {"payload": "hi"}),
+            ("/entities/echo/i2", {"initial_message": "hi"}),
+        ):
+            refused = await http.post(
+                path, json=body, headers={**ALICE, "Idempotency-Key": long_key}
+            )
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["type"] == "InvalidIdempotencyKeyError"
+            assert f"at most {MAX_IDEMPOTENCY_KEY}" in error["message"]
+        fits = await http.post(
+            "/entities/echo/i1/messages",
+            json={"payload": "hi"},
+            headers={**ALICE, "Idempotency-Key": long_key[1:]},
+        )
+        assert fits.status_code == 202, fits.text
+    assert await rt.list("echo") == ["/echo/i1"]  # the refused ones wrote nothing
+    with pytest.raises(InvalidIdempotencyKeyError, match="must be text"):
+        await rt.send("/echo/i1", "hi", idempotency_key=12)  # type: ignore[arg-type]
 
 
 async def test_send_status_state_events_and_resume(cluster):

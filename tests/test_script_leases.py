@@ -5,6 +5,7 @@ they leave, on both backends."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -110,6 +111,20 @@ async def test_heartbeat_deregisters_and_drops_expired_workers(store):
     assert sorted(await store.heartbeat("w3", 60_000)) == ["w1", "w2", "w3"]
     assert await store.heartbeat("w2", None) == ["w1", "w3"]
     assert await store.redis.zrange(k.workers, 0, -1) == [b"w1", b"w3"]
+
+
+async def test_heartbeat_removes_a_member_further_ahead_than_any_worker_registers(store, caplog):
+    """A member written by hand to expire far ahead would get its share of the
+    partitions, served by no one, for ever: it is removed, named in a warning."""
+    k = store.keys
+    seconds, _ = await store.redis.time()
+    near = seconds * 1000 + 5 * 60_000  # inside the ten-minute horizon: a worker's
+    await store.redis.zadd(k.workers, {"ghost": 2**50, "slow": near})
+    with caplog.at_level(logging.WARNING, logger="wakeful.store"):
+        assert sorted(await store.heartbeat("w1", 60_000)) == ["slow", "w1"]
+    assert await store.redis.zscore(k.workers, "ghost") is None
+    assert "removed 'ghost' from the worker registry" in caplog.text
+    assert "'slow'" not in caplog.text
 
 
 # -- RENEW_ALL, FIRST_DUE, REQUEUE: the idle worker's calls (lease_store.py) --------------

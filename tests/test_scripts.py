@@ -200,6 +200,24 @@ async def test_a_key_with_a_colon_does_not_dedupe_an_entity_whose_id_continues_t
     assert [e for _, e in await log(store, second)] == [b"C", b"b"]
 
 
+async def test_an_idempotency_key_holding_no_event_id_does_not_drop_the_send(store):
+    """A key whose value is not an event id (written by hand, a damaged restore) was
+    taken for an earlier send: the message was dropped and ``garbage`` answered as its
+    id. Only an event id counts; the send goes through and the key is set right."""
+    k = store.keys
+    await store.redis.set(k.idem("/t/g", "k1"), b"garbage")
+    sent = await store.append_input(
+        "/t/g", "t", created=b"C", events=[("i", b"m")], idempotency_key="k1"
+    )
+    assert sent.appended
+    assert [e for _, e in await log(store, "/t/g")] == [b"C", b"m"]
+    assert await store.redis.get(k.idem("/t/g", "k1")) == sent.id.encode()
+    again = await store.append_input(
+        "/t/g", "t", created=b"C", events=[("i", b"m")], idempotency_key="k1"
+    )
+    assert not again.appended and again.id == sent.id
+
+
 async def test_create_makes_the_entity_with_its_args_and_parent(store):
     result = await store.append_input(
         URL, "t", created=b"C", events=[], args=b"A1", parent="/p/x", mode="create"
