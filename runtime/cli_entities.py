@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from typing import Any
 
 from . import terminal
 from .cli_connect import client_of
 from .cli_parser import OK
 from .client import Runtime
-from .errors import EntityNotFoundError, WakefulError
+from .errors import EntityNotFoundError, EventDecodeError, SnapshotError, WakefulError
 from .status import EntityStatus
 from .terminal import err, out
 
@@ -25,21 +26,27 @@ async def inspect(args: argparse.Namespace) -> int:
     try:
         status = await rt.status(args.url, runs=True)
         lag_inputs, lag_ms = await rt.lag(args.url)
-        info = {
+        info: dict[str, Any] = {
             **dataclasses.asdict(status),
             "lease_owner": await rt.lease_owner(args.url),
             "worker": await _serving_worker(rt, args.url),
             "lag": {"inputs": lag_inputs, "oldest_ms": lag_ms},
-            "state": await rt.state(args.url),
-            "children": await rt.children(args.url),
-            "pending_actions": await rt.pending_actions(args.url),
         }
+        try:
+            info["state"] = await rt.state(args.url)
+            info["children"] = await rt.children(args.url)
+            info["pending_actions"] = await rt.pending_actions(args.url)
+        except (SnapshotError, EventDecodeError) as exc:
+            # A damaged snapshot or log entry: the status above says what it is (the
+            # entity is failed, or will be at its next wake); show it, not a traceback.
+            info["state_unreadable"] = str(exc)
     finally:
         await rt.close()
     if args.json:
         terminal.print_json(info)
         return OK
-    state, children, pending = info.pop("state"), info.pop("children"), info.pop("pending_actions")
+    state = info.pop("state", {})
+    children, pending = info.pop("children", []), info.pop("pending_actions", [])
     info["lag"] = f"{lag_inputs} unhandled input(s), oldest {lag_ms} ms"
     for key in ("run", "last_run"):  # "<id> <status> <when>"
         if run := info[key]:

@@ -30,6 +30,7 @@ from .connection import AUTHENTICATION_ERRORS, CLUSTER_ERRORS, UNREACHABLE_ERROR
 from .errors import (
     ArgsConflictError,
     EntityNotFoundError,
+    EventDecodeError,
     HTTPError,
     InvalidArgsError,
     InvalidEventError,
@@ -42,6 +43,7 @@ from .errors import (
     PayloadTooLargeError,
     RedisFullError,
     ReplicaWaitError,
+    SnapshotError,
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
@@ -73,6 +75,10 @@ _STATUS: list[tuple[type[Exception], int]] = [
     # like any other state of the servers the request cannot help, with Retry-After).
     (ReplicaWaitError, 503),
     (WaitTimeoutError, 504),  # a wait (compact or reset with wait) ran out
+    # The entity's stored state is damaged (a snapshot or log entry no one can decode):
+    # the server's data, not the request, so 500, naming the entry (and logged).
+    (EventDecodeError, 500),
+    (SnapshotError, 500),
     (WakefulError, 400),
 ]
 
@@ -113,6 +119,8 @@ def failure_response(request: Request, exc: Exception) -> JSONResponse:
         response = _error(503, "RedisUnavailable", message)
     elif isinstance(exc, (HTTPError, WakefulError)):
         response = error_response(exc)
+        if response.status_code == 500:  # damaged data: the operator's to repair
+            log.warning("gateway: %s %s: %s", request.method, request.url.path, exc)
     else:  # a bug: log it, and answer JSON without internals
         log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=exc)
         return _error(500, "InternalError", "the gateway failed")

@@ -106,6 +106,28 @@ async def worker(server_url: str, prefix: str):
     await rt.close()
 
 
+async def test_inspect_shows_the_status_of_an_entity_whose_log_is_damaged(
+    worker, server_url, prefix
+):
+    """An entry written into the log by hand that no one can decode: the worker parks
+    the entity on it, and ``inspect`` shows that status and why the state cannot be
+    read, instead of only the decoder's error."""
+    await worker.send("/notes/dmg", "add one")
+    await worker.wait_idle("/notes/dmg")
+    await worker.store.redis.xadd(worker.store.keys.log("/notes/dmg"), {"x": "1"})
+    await worker.send("/notes/dmg", "add two")
+    assert (await worker.wait_idle("/notes/dmg")).status == "failed"
+
+    inspected = await run(server_url, prefix, "inspect", "/notes/dmg", "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    info = json.loads(inspected.stdout)
+    assert info["status"] == "failed" and "could not be decoded" in info["error"]
+    assert "could not be decoded" in info["state_unreadable"]
+    table = await run(server_url, prefix, "inspect", "/notes/dmg")
+    assert table.returncode == 0, table.stderr
+    assert "failed" in table.stdout and "state_unreadable" in table.stdout
+
+
 async def test_send_inspect_ls_and_tail(worker, server_url, prefix):
     sent = await run(server_url, prefix, "send", "/notes/cli", "add write tests", "--json")
     assert sent.returncode == 0, sent.stderr

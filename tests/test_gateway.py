@@ -110,6 +110,21 @@ async def test_an_idempotency_key_too_long_to_keep_is_a_400_and_writes_nothing(c
         await rt.send("/echo/i1", "hi", idempotency_key=12)  # type: ignore[arg-type]
 
 
+async def test_a_damaged_log_is_a_500_naming_the_entry_not_the_callers_400(cluster, caplog):
+    """An entry no one can decode was written into the log by hand: reading the state
+    fails on the server's data, not on the request."""
+    http, rt = await client_for(cluster)
+    await rt.send("/echo/d1", "hi")
+    await rt.wait_idle("/echo/d1")
+    await rt.store.redis.xadd(rt.store.keys.log("/echo/d1"), {"x": "1"})
+    async with http:
+        state = await http.get("/entities/echo/d1/state", headers=ALICE)
+    assert state.status_code == 500, state.text
+    error = state.json()["error"]
+    assert error["type"] == "EventDecodeError" and "could not be decoded" in error["message"]
+    assert "/echo/d1" in caplog.text  # the operator is told, in one line
+
+
 async def test_send_status_state_events_and_resume(cluster):
     http, rt = await client_for(cluster)
     async with http:
