@@ -27,6 +27,7 @@ continues where it stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,7 @@ __all__ = [  # the errors live in errors.py; re-exported here for existing impor
     "Authorizer",
     "ClientToolsError",
     "answer_event",
+    "caller",
     "check_answer",
     "check_answerer",
     "check_client_tools",
@@ -127,8 +129,15 @@ def check_answerer(
         )
     if not authorizer(action, identity):
         raise ActionNotAuthorizedError(
-            f"identity {identity!r} may not answer tool call {tool_call_id!r} of {url}"
+            f"{caller(identity)} may not answer tool call {tool_call_id!r} of {url}"
         )
+
+
+def caller(identity: dict[str, str] | None) -> str:
+    """Who asked, for a refusal: ``identity {"user":"alice"}``, or a caller without one."""
+    if not identity:
+        return "a caller without an identity"
+    return f"identity {json.dumps(identity, sort_keys=True, ensure_ascii=False)}"
 
 
 def _validate(value: Any, schema: dict[str, Any], what: str) -> None:

@@ -8,11 +8,14 @@ command goes on to stream the reply the answer unblocks.
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 
 from . import terminal
+from .actions import ActionNotAuthorizedError
 from .cli_connect import client_of
 from .cli_parser import OK
 from .cli_reply import follow_reply, identity_of
@@ -55,7 +58,9 @@ async def set_data(args: argparse.Namespace) -> int:
         raise WakefulError(f"the tool data is not JSON: {exc}") from None
     rt = await client_of(args)
     try:
-        event_id = await rt.set_tool_data(args.url, args.call, data, identity=identity_of(args))
+        identity = identity_of(args)
+        with _identity_hint(identity):
+            event_id = await rt.set_tool_data(args.url, args.call, data, identity=identity)
     finally:
         await rt.close()
     if args.json:
@@ -74,14 +79,15 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
     try:
         live_after = await rt.live_position(args.url)
         identity = identity_of(args)
-        if decision == "approved":
-            event_id = await rt.approve(
-                args.url, args.call, edited_input=edited_input, identity=identity
-            )
-        elif decision == "skipped":
-            event_id = await rt.skip_action(args.url, args.call, args.reason, identity=identity)
-        else:
-            event_id = await rt.deny(args.url, args.call, args.reason, identity=identity)
+        with _identity_hint(identity):
+            if decision == "approved":
+                event_id = await rt.approve(
+                    args.url, args.call, edited_input=edited_input, identity=identity
+                )
+            elif decision == "skipped":
+                event_id = await rt.skip_action(args.url, args.call, args.reason, identity=identity)
+            else:
+                event_id = await rt.deny(args.url, args.call, args.reason, identity=identity)
         if not args.follow:
             if args.json:
                 terminal.print_json(
@@ -93,3 +99,17 @@ async def _decide(args: argparse.Namespace, decision: str, *, edited_input: Any 
         return await follow_reply(rt, args, after=event_id, live_after=live_after)
     finally:
         await rt.close()
+
+
+@contextlib.contextmanager
+def _identity_hint(identity: dict[str, str] | None) -> Iterator[None]:
+    """A refusal of an answer given without ``--identity`` says how to give one: a run
+    started by an identity is answered by it."""
+    try:
+        yield
+    except ActionNotAuthorizedError as exc:
+        if identity:
+            raise
+        raise ActionNotAuthorizedError(
+            f"{exc}; answer as the identity the run belongs to: --identity KEY=VALUE"
+        ) from None

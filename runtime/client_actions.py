@@ -19,6 +19,7 @@ from .actions import (
     ActionNotPendingError,
     Authorizer,
     answer_event,
+    caller,
     check_answer,
     check_answerer,
     expired,
@@ -119,7 +120,7 @@ class PendingActions:
             )
         if not self.action_authorizer(action, identity):
             raise ActionNotAuthorizedError(
-                f"identity {identity!r} may not set the tool data of tool call "
+                f"{caller(identity)} may not set the tool data of tool call "
                 f"{tool_call_id!r} of {url}"
             )
         await self._check_enabled(url, action, state)

@@ -395,6 +395,14 @@ async def test_set_data_acts_as_the_identity_given(worker, server_url, prefix):
     data = ("set-data", "/assistant/k2", action.tool_call_id, '{"seen": true}')
     anonymous = await run(server_url, prefix, *data)
     assert anonymous.returncode == 1 and "may not set the tool data" in anonymous.stderr
+    # It says who asked, and how to answer as the run's identity.
+    assert "a caller without an identity may not" in anonymous.stderr
+    assert "--identity KEY=VALUE" in anonymous.stderr
+    approving = await run(server_url, prefix, "approve", "/assistant/k2", action.tool_call_id)
+    assert approving.returncode == 1 and "a caller without an identity may not answer" in (
+        approving.stderr
+    )
+    assert "--identity KEY=VALUE" in approving.stderr
     as_alice = await run(server_url, prefix, *data, "--identity", "user=alice")
     assert as_alice.returncode == 0, as_alice.stderr
     assert await worker.tool_data("/assistant/k2") == {action.tool_call_id: {"seen": True}}
