@@ -1003,6 +1003,16 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             if isinstance(raw, Exception):
                 raise raw
             for entry_id, fields in stream_entries(raw):
-                row = {as_str(f): v.decode(errors="replace") for f, v in fields.items()}
+                row = {
+                    f.decode(errors="backslashreplace"): v.decode(errors="backslashreplace")
+                    for f, v in fields.items()
+                }
+                if "kind" not in row:  # not a quarantine's entry: listed as what it holds
+                    row = {
+                        "kind": "unknown",
+                        "key": self.keys.bad(p),
+                        "reason": "an entry Wakeful did not write",
+                        "detail": " ".join(f"{f}={v}" for f, v in row.items()),
+                    }
                 out.append({"partition": str(p), "id": entry_id, **row})
         return out

@@ -392,3 +392,14 @@ async def test_a_lease_without_an_expiry_is_taken_over(cluster):
     await served(rt, url_in(rt, p), "served", seen)
     await assert_lease_kept(rt, p)
     assert await rt.store.redis.pttl(rt.store.keys.lease(p)) > 0
+
+
+async def test_a_dead_letter_entry_wakeful_did_not_write_is_listed_as_what_it_holds(cluster):
+    """``wakeful bad`` lists the dead-letter streams; an entry written there by hand
+    (no kind, bytes that are not UTF-8) was a row of empty columns."""
+    rt = await cluster.runtime(app([]), run_worker=False)
+    await rt.store.redis.xadd(rt.store.keys.bad(2), {b"x": b"\xff1"})
+    [row] = await rt.store.bad_items()
+    assert row["partition"] == "2" and row["kind"] == "unknown"
+    assert row["reason"] == "an entry Wakeful did not write"
+    assert row["detail"] == "x=\\xff1"
