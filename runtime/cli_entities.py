@@ -144,12 +144,19 @@ async def resume(args: argparse.Namespace) -> int:
 
 
 async def schedules(args: argparse.Namespace) -> int:
+    if args.set is None and (args.timezone is not None or args.payload is not None):
+        # Given alone they would be ignored without a word: say what they belong to.
+        raise WakefulError("--timezone and --payload describe the schedule of --set ID CRON")
     rt = await client_of(args)
     try:
         if args.set is not None:
             schedule_id, expression = args.set
             await rt.upsert_cron_schedule(
-                args.url, schedule_id, expression, timezone=args.timezone, payload=args.payload
+                args.url,
+                schedule_id,
+                expression,
+                timezone=args.timezone or "UTC",
+                payload=args.payload,
             )
         elif args.delete is not None and not await rt.delete_cron_schedule(args.url, args.delete):
             raise WakefulError(f"{args.url} has no schedule {args.delete!r}")

@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create or replace schedule ID with a 5-field cron expression, e.g. '0 9 * * 1-5'",
     )
     action.add_argument("--delete", metavar="ID", help="delete schedule ID")
-    p.add_argument("--timezone", default="UTC", help="IANA time zone of --set (default UTC)")
+    p.add_argument("--timezone", help="IANA time zone of --set (default UTC)")
     p.add_argument("--payload", help="the message of each occurrence of --set (text)")
     p = command("set-data", "set the tool data of a pending tool call (renderers read it)")
     p.add_argument("url")

@@ -501,6 +501,8 @@ async def test_the_cli_sets_lists_and_deletes_schedules(server_url, prefix):
             server_url, prefix, "schedules", url, "--set", "x", "@daily", "--timezone", "Nowhere"
         )
         assert zone.returncode == 1 and "'Nowhere'" in zone.stderr
+        alone = await run(server_url, prefix, "schedules", url, "--timezone", "UTC")
+        assert alone.returncode == 1 and "describe the schedule of --set" in alone.stderr
         gone = await run(server_url, prefix, "schedules", url, "--delete", "standup")
         assert gone.returncode == 0 and "has no recurring schedules" in gone.stdout
         again = await run(server_url, prefix, "schedules", url, "--delete", "standup")
