@@ -72,21 +72,17 @@ def default_authorizer(action: ActionRequested, identity: dict[str, str] | None)
 
 
 def check_answer(
-    action: ActionRequested | None,
+    action: ActionRequested,
     url: str,
     tool_call_id: str,
     decision: str,
-    identity: dict[str, str] | None,
-    authorizer: Authorizer,
     *,
     output: Any = None,
     edited_input: Any = None,
 ) -> None:
-    """Raise an ActionError naming what is wrong with this answer. Who may answer is
-    checked first: a caller who may not learns nothing more of the call (its kind, its
-    schemas) from the refusal."""
-    check_answerer(action, url, tool_call_id, identity, authorizer)
-    assert action is not None  # check_answerer refuses a missing one
+    """Raise an ActionError naming what is wrong with this answer to a pending call.
+    Called after :func:`check_answerer`: a caller who may not answer learns nothing more
+    of the call (its kind, its schemas) from the refusal."""
     allowed = {
         "client": {"output", "failed", "cancelled", "skipped"},
         "approval": {"approved", "denied", "cancelled", "skipped"},

@@ -164,11 +164,8 @@ class PendingActions:
             url,
             tool_call_id,
             decision,
-            identity,
-            self.action_authorizer,
             **{k: v for k, v in fields.items() if k in ("output", "edited_input")},
         )
-        assert action is not None  # check_answer refuses a missing one
         if decision in ("output", "approved"):
             await self._check_enabled(url, action, state)
         event = encode_event(

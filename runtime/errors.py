@@ -15,10 +15,12 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- PayloadTooLargeError (ValueError)
     |   +-- InvalidPayloadError (TypeError)
     |   |   +-- InvalidEventError             a field of the wrong type: nothing written
+    |   |   |   +-- InvalidIdempotencyKeyError  not text, or too long: nothing written
     |   |   +-- InvalidContentError           a content block the API would refuse: nothing written
     |   +-- EventDecodeError
     |   |   +-- UnreadableHistoryError
-    |   +-- ConversationChunkError            a snapshot's conversation chunk is missing
+    |   +-- SnapshotError                     the snapshot cannot be read: state unknown
+    |   |   +-- ConversationChunkError        a snapshot's conversation chunk is missing
     |   +-- CollectionError
     |   |   +-- UnknownCollectionError (AttributeError)
     |   |   +-- RowValidationError (ValueError)
@@ -29,7 +31,6 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- ArgsConflictError (ValueError)
     |   +-- OwnerChangedError                 the owner an authoriser saw changed: nothing written
     |   +-- InvalidArgsError (ValueError)
-    |   +-- InvalidIdempotencyKeyError (ValueError)  not text, or too long: nothing written
     |   +-- FencedError
     |   +-- RedisFullError (MemoryError)      Redis at maxmemory: nothing was written
     |   +-- ReplicaWaitError                  written, but fewer replicas confirmed than asked
@@ -124,6 +125,15 @@ class InvalidEventError(InvalidPayloadError):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidIdempotencyKeyError(InvalidEventError):
+    """An idempotency key that is not text of at most
+    :data:`~wakeful.keys.MAX_IDEMPOTENCY_KEY` characters (it becomes part of a Redis
+    key kept for ``idempotency_ttl_s``): nothing was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "idempotency_key")
 
 
 class InvalidContentError(InvalidPayloadError):
@@ -238,12 +248,6 @@ class OwnerChangedError(WakefulError):
         self.url = url
         self.seen = seen  # the owner now: "!" missing, "~" none, "=<identity JSON>"
         super().__init__(f"the owner of {url} changed while the request was checked")
-
-
-class InvalidIdempotencyKeyError(WakefulError, ValueError):
-    """An idempotency key that is not text of at most
-    :data:`~wakeful.keys.MAX_IDEMPOTENCY_KEY` characters (it becomes part of a Redis
-    key kept for ``idempotency_ttl_s``): nothing was written."""
 
 
 class InvalidArgsError(WakefulError, ValueError):

@@ -98,7 +98,7 @@ def check_idempotency_key(key: object) -> None:
         return
     if not isinstance(key, str):
         raise InvalidIdempotencyKeyError(
-            f"the idempotency key must be text, not {type(key).__name__}"
+            f"field 'idempotency_key': the idempotency key must be text, not {type(key).__name__}"
         )
     if len(key) > MAX_IDEMPOTENCY_KEY:
         raise InvalidIdempotencyKeyError(

@@ -144,7 +144,7 @@ def test_a_stored_schema_with_a_remote_ref_resolves_nothing_when_an_answer_is_ch
             output_schema={"$ref": ref},
         )
         with pytest.raises(ActionValidationError) as refused:
-            check_answer(action, "/bot/b", "c1", "output", None, lambda a, i: True, output="x")
+            check_answer(action, "/bot/b", "c1", "output", output="x")
         assert SECRET not in str(refused.value)
     assert hits == []
 
