@@ -92,6 +92,20 @@ async def test_release_frees_only_the_current_token(store):
     assert await store.acquire(0, "w1", 60_000) == "w1:3"
 
 
+async def test_a_lease_without_an_expiry_is_taken_with_a_new_epoch_that_fences_its_holder(
+    store,
+):
+    """ACQUIRE takes a lease that has no expiry (never written so by Wakeful) like a
+    missing one: the epoch moves on, so whoever held the old value renews nothing."""
+    k = store.keys
+    await store.redis.set(k.lease(0), "w1:1")  # no TTL: held by no one, for ever
+    token = await store.acquire(0, "w2", 60_000)
+    assert token is not None and token.startswith("w2:") and token != "w1:1"
+    assert 0 < await store.redis.pttl(k.lease(0)) <= 60_000
+    assert await store.renew(0, "w1:1", 60_000) is False
+    assert await store.redis.get(k.lease(0)) == token.encode()
+
+
 # -- HEARTBEAT -------------------------------------------------------------------------
 
 
