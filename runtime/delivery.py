@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -38,7 +39,15 @@ from .events import (
     encode_event,
     pack,
 )
-from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
+from .store import (
+    TRANSIENT_ERRORS,
+    BadItem,
+    EntityGoneError,
+    Pointer,
+    ReadAs,
+    Store,
+    TargetMissingError,
+)
 from .tasks import all_of
 from .ticket import WakeTicket, commit
 from .tracing import Carrier
@@ -48,11 +57,33 @@ log = logging.getLogger("wakeful.delivery")
 _POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
 
 
+class LocalRead(Protocol):
+    """A send's read of its target partition's new pointers (``listeners.LocalRead``):
+    made with ``read_as``, then handed to the runners with :meth:`take`, or, if the
+    send failed, given up with :meth:`lost`."""
+
+    @property
+    def read_as(self) -> ReadAs: ...
+
+    async def take(self, pointers: Sequence[Pointer | BadItem]) -> None: ...
+
+    def lost(self) -> None: ...
+
+
+class LocalReads(Protocol):
+    """The worker's inbox reading, as a delivery uses it (``listeners.Listeners``): a
+    send to a partition held here reads the pointers it adds in its own script, and
+    hands them to the runners as the inbox read would."""
+
+    def local_read(self, partition: int) -> LocalRead | None: ...
+
+
 class Delivery:
     def __init__(self, store: Store, fault: Callable[[str], None], stats: dict[str, int]) -> None:
         self.store = store
         self._fault = fault
         self.stats = stats
+        self.local: LocalReads | None = None  # None: every send leaves its pointer to be read
 
     async def after_commit(
         self, ticket: WakeTicket, batch: CommitBatch, ids: list[str], *, ack: bool = False
@@ -217,15 +248,28 @@ class Delivery:
                 trace=trace,
             )
             events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
-        await self.store.append_input(
-            effect.target,
-            target_type,
-            created=created,
-            events=events,
-            args=args,
-            parent=parent,
-            mode=mode,
-            idempotency_key=effect.key,
-            owner=effect.identity,
-        )
+        partition = self.store.keys.partition(effect.target)
+        local = self.local.local_read(partition) if self.local is not None else None
+        try:
+            sent = await self.store.append_input(
+                effect.target,
+                target_type,
+                created=created,
+                events=events,
+                args=args,
+                parent=parent,
+                mode=mode,
+                idempotency_key=effect.key,
+                owner=effect.identity,
+                read_as=local.read_as if local is not None else None,
+            )
+            if local is not None:
+                self._fault("deliver:read-here")
+        except BaseException:
+            if local is not None:
+                local.lost()
+            raise
+        if local is not None:
+            self.stats["local_reads"] += 1
+            await local.take(sent.pointers)
         self._fault(f"deliver:after-{effect.kind}")

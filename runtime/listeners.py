@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -28,14 +29,31 @@ from .cancellation import CancelRequests
 from .config import Settings
 from .due_times import SCHEDULE, TIMER, DueTimes
 from .leases import LeaseKeeper
-from .runners import Runners
+from .runners import ReadMark, Runners
 from .schedule_firing import ScheduleFiring
-from .store import TRANSIENT_ERRORS, BadItem, Store
+from .store import TRANSIENT_ERRORS, BadItem, Pointer, ReadAs, Store
 
 log = logging.getLogger("wakeful.listeners")
 FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
 TIMER_RETRY_S = 0.25  # the timer loop's next pass after Redis failed it
 MIN_TIMER_SLEEP_S = 0.005  # between two passes, at least (a timer due now fires now)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRead:
+    """A delivery's send that reads its target partition's new pointers for this
+    worker (see :meth:`Listeners.local_read`)."""
+
+    read_as: ReadAs
+    partition: int
+    mark: ReadMark
+    listeners: Listeners
+
+    async def take(self, pointers: Sequence[Pointer | BadItem]) -> None:
+        await self.listeners.take(pointers, self.mark)
+
+    def lost(self) -> None:
+        self.listeners.lost(self.partition, self.mark)
 
 
 class Listeners:
@@ -97,25 +115,61 @@ class Listeners:
                 with anyio.move_on_after(1.0):
                     await self.runners.room.wait()
                 continue
-            self.runners.reading(partitions)
+            mark = self.runners.reading(partitions)
             try:
                 await self.cancels.sync()  # before a wake of a new partition can start
                 pointers = await self.store.read_wake_pointers(
                     partitions, self.worker_id, s.read_count, s.block_ms
                 )
             except TRANSIENT_ERRORS as exc:
+                self.runners.read_done(mark)
                 log.warning("worker %s: inbox read failed: %s", self.worker_id, exc)
                 await anyio.sleep(0.2)
                 continue
+            except BaseException:
+                self.runners.read_done(mark)
+                raise
+            await self.take(pointers, mark)
+
+    def local_read(self, partition: int) -> LocalRead | None:
+        """How a delivery by this worker to an entity of ``partition`` reads that
+        partition's new pointers in the send's own script (``Store.append_input``), or
+        None where it must not: a partition not held (or draining, or not yet read), a
+        cancel channel not yet heard, a full backlog, a worker stopping, a cluster."""
+        token = self.leases.token(partition)
+        if (
+            token is None
+            or self._stop_reading
+            or self.store.router is not None
+            or partition not in self.leases.readable()
+            or not self.cancels.hears(partition)
+            or self.runners.backlog() >= self.settings.max_concurrency * 4
+        ):
+            return None
+        mark = self.runners.reading([partition])
+        return LocalRead(ReadAs(token, self.worker_id), partition, mark, self)
+
+    async def take(self, pointers: Sequence[Pointer | BadItem], mark: ReadMark) -> None:
+        """Schedule the pointers a read brought (with what they preloaded), move the bad
+        ones aside, and put back those of partitions lost while the read was in flight."""
+        try:
             strays: dict[int, list[str]] = {}
             for pointer in pointers:
                 if isinstance(pointer, BadItem):
                     await self._quarantine(pointer)
                 elif self.leases.token(pointer.partition) is not None:
-                    self.runners.schedule(pointer)
+                    self.runners.schedule(pointer, mark)
                 else:  # the partition went while the read was in flight
                     strays.setdefault(pointer.partition, []).append(pointer.entry_id)
             await self._put_back(strays)
+        finally:
+            self.runners.read_done(mark)
+
+    def lost(self, partition: int, mark: ReadMark) -> None:
+        """A send that read for this worker failed: whatever it read (its reply may be
+        lost) stays pending here, for the lease keeper's sweep."""
+        self.runners.strand(partition)
+        self.runners.read_done(mark)
 
     async def _put_back(self, strays: dict[int, list[str]]) -> None:
         """Pointers read for partitions this worker no longer holds (handed over, or

@@ -72,9 +72,8 @@ end
 # -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
 #    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
 #    | {-3, seen, ''} the owner is not what the caller expected (nothing written)
-SEND = (
-    _ENSURE_POINTER
-    + """
+_SEND = """
+local function send()
 local log = KEYS[1]          -- the entity's log
 local meta = KEYS[2]         -- the entity's metadata hash
 local inbox = KEYS[3]        -- the partition inbox (wake pointers)
@@ -133,8 +132,9 @@ if last_in then redis.call('HSET', meta, 'last_in', last_in) end
 ensure_pointer(meta, inbox, url)
 if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
 return {1, id, created_id}
+end
 """
-)
+SEND = _ENSURE_POINTER + _SEND + "return send()"
 
 # -> {meta_flat, snapshot|nil, entries, conversation chunks (flat hash, {} without a
 #    snapshot)}
@@ -174,16 +174,12 @@ return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count),
 # its wake loads as usual. The keys of the entity are its partition's: the inbox key
 # without ':inbox', then ':meta:' or ':log:' and the url (keys.py).
 # -> {{pointer id, pointer fields, loaded, meta_flat, entries}, ...}
-WAKES = """
-local inbox = KEYS[1]              -- the partition inbox (wake pointers)
-local group = ARGV[1]              -- the inbox consumer group
-local consumer = ARGV[2]           -- the reading worker
-local count = ARGV[3]              -- at most this many pointers
-local page = tonumber(ARGV[4])     -- at most this many log entries per pointer
-local budget = tonumber(ARGV[5])   -- at most this many log entries in all
+_READ_WAKES = """
+local function read_wakes(inbox, group, consumer, count, page, budget)
 local tag = string.sub(inbox, 1, #inbox - 6)
-local read = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+local read = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
   'STREAMS', inbox, '>')
+if type(read) == 'table' and read.err then return nil, read.err end  -- NOGROUP
 local out = {}
 if not read or #read == 0 then return out end
 -- {{inbox, entries}} (a fakeredis gives {inbox, entries})
@@ -214,7 +210,49 @@ for _, entry in ipairs(entries) do
   end
 end
 return out
+end
 """
+WAKES = (
+    _READ_WAKES
+    + """
+local out, err = read_wakes(
+  KEYS[1],               -- the partition inbox (wake pointers)
+  ARGV[1],               -- the inbox consumer group
+  ARGV[2],               -- the reading worker
+  ARGV[3],               -- at most this many pointers
+  tonumber(ARGV[4]),     -- at most this many log entries per pointer
+  tonumber(ARGV[5]))     -- at most this many log entries in all
+if err then return redis.error_reply(err) end  -- the caller makes the group again
+return out
+"""
+)
+
+# SEND, and then, for a worker that holds the target's partition, WAKES on its inbox in
+# the same script: the pointer the send added (and any other new one) comes back in the
+# reply, with its entity's metadata and log tail, instead of reaching the worker's
+# blocked XREADGROUP bare (Redis serves a blocked read only after the script, and finds
+# the pointers read by then). Read only if the send was not refused and the lease is
+# still the caller's (KEYS[6] holds it): another owner's pointers stay in the inbox. A
+# read that fails (the group is gone) leaves the pointers to the worker's inbox read,
+# never failing the send it follows.
+# -> SEND's reply, with a 4th element when it read: WAKES's reply
+SEND_WAKE = (
+    _ENSURE_POINTER
+    + _SEND
+    + _READ_WAKES
+    + """
+local lease = KEYS[6]                     -- the target partition's lease
+local at = 11 + 2 * tonumber(ARGV[10])    -- after SEND's arguments:
+local token = ARGV[at]                    -- the lease token the caller holds
+local reply = send()
+if reply[1] >= 0 and redis.call('GET', lease) == token then
+  local read = read_wakes(KEYS[3], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+                         tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  if read then reply[4] = read end
+end
+return reply
+"""
+)
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).

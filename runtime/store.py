@@ -67,6 +67,7 @@ from .script_runner import (
     RENEW,
     RESUME,
     SEND,
+    SEND_WAKE,
     SETTLE,
     TOOL_DATA,
     TRIM,
@@ -89,6 +90,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "RENEW",
     "RESUME",
     "SEND",
+    "SEND_WAKE",
     "SETTLE",
     "TOOL_DATA",
     "TRANSIENT_ERRORS",
@@ -101,6 +103,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "Loaded",
     "Pointer",
     "Preloaded",
+    "ReadAs",
     "Script",
     "SendResult",
     "Store",
@@ -143,6 +146,24 @@ class SendResult:
     id: str  # the last event appended (or the one an idempotency key found)
     created_id: str  # the entity's incarnation
     appended: bool
+    # With ``read_as``: the target partition's new wake pointers, read for the worker
+    # in the same script (see ReadAs); empty if it no longer held the lease.
+    pointers: Sequence[Pointer | BadItem] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAs:
+    """A send made by a worker that holds the target's partition under ``token``: the
+    SEND_WAKE script reads the partition's new wake pointers for ``consumer`` right
+    after the send, with what their wakes load (like the WAKES read), so a pointer
+    the send adds needs no inbox read and no load round trip of its own."""
+
+    token: str
+    consumer: str
+    count: int = 32
+
+    def args(self) -> list[Any]:
+        return [self.token, GROUP, self.consumer, self.count, PRELOAD_PAGE, PRELOAD_BUDGET]
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +405,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         idempotency_identity: dict[str, str] | None = None,
         owner: dict[str, str] | None = None,
         expect_owner: str = "",
+        read_as: ReadAs | None = None,
     ) -> SendResult:
         """Append events to an entity's log and a wake pointer to its inbox, atomically.
 
@@ -394,14 +416,21 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         ``idempotency_key`` is kept per ``idempotency_identity`` (the caller's).
         ``owner`` is recorded if this creates the entity. ``expect_owner`` (see
         :func:`~wakeful.keys.owner_mark`; ``""`` = no check) must be the entity's owner now, or
-        nothing is written and :class:`OwnerChangedError` is raised.
+        nothing is written and :class:`OwnerChangedError` is raised. ``read_as`` (a
+        worker holding the target's partition, on one Redis): the partition's new wake
+        pointers come back in :attr:`SendResult.pointers`.
         """
         k = self.keys
         p = k.partition(url)
         idem_key = k.idem(url, idempotency_key or "-", idempotency_identity)
+        keys = [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)]
+        script, extra = SEND, []
+        if read_as is not None and self.router is None:
+            script, extra = SEND_WAKE, read_as.args()
+            keys.append(k.lease(p))
         reply = await self._run(
-            SEND,
-            [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)],
+            script,
+            keys,
             [
                 url,
                 type_name,
@@ -414,6 +443,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                 expect_owner,
                 len(events),
                 *(x for pair in events for x in pair),
+                *extra,
             ],
             durable=True,
         )
@@ -424,7 +454,8 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             raise TargetMissingError(url)
         if code == -3:
             raise OwnerChangedError(url, event_id)
-        return SendResult(event_id, created_id, code == 1)
+        pointers = self._preloaded(p, reply[3]) if len(reply) > 3 else ()
+        return SendResult(event_id, created_id, code == 1, pointers)
 
     async def publish_cancel(self, url: str, reason: str) -> None:
         """Tell the worker running ``url`` (if any) to stop its run now, on the shard

@@ -307,20 +307,84 @@ async def test_a_preload_read_while_the_entity_woke_here_or_the_lease_moved_is_n
     async with asyncio.TaskGroup() as group:
         runners.open(group)
         runners.adopt(0)
-        runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
-        runners.schedule(Pointer(0, "1-0", "/notes/x", preload))
+        mark = runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
+        runners.schedule(Pointer(0, "1-0", "/notes/x", preload), mark)
+        runners.read_done(mark)
         await runners.idle.wait()
-        runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
+        mark = runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
         runners.schedule(Pointer(0, "2-0", "/notes/x"))
         await runners.idle.wait()
-        runners.schedule(Pointer(0, "3-0", "/notes/x", preload))  # the read returns: stale
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload), mark)  # it returns: stale
+        runners.read_done(mark)
         await runners.idle.wait()
-        runners.reading([0])  # a read is sent, and the lease is lost and taken again
+        mark = runners.reading([0])  # a read is sent, and the lease is lost and taken again
         lease[0] = "t2"
-        runners.schedule(Pointer(0, "4-0", "/notes/y", preload))
+        runners.schedule(Pointer(0, "4-0", "/notes/y", preload), mark)
+        runners.read_done(mark)
         await runners.idle.wait()
         runners.close()
     assert seen == [preload, None, None, None]
+
+
+async def test_each_read_in_flight_keeps_its_own_mark():
+    """The inbox read and the reads deliveries make with their sends are in flight at
+    once: a read sent after an activation ended may use what it brought, while one sent
+    before it may not, whatever returned in between, and however many entries the
+    runners prune meanwhile."""
+    preload = Preloaded(Loaded({}, None, None, []), truncated=False)
+    seen: list[Preloaded | None] = []
+
+    async def activate(ticket: WakeTicket) -> None:
+        seen.append(ticket.preload)
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    cache = WarmCache(10, lambda url: None)
+    runners = Runners(Settings(), "w", cache, {}, lambda p: "t1", activate, crashed)
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        blocking = runners.reading([0])  # the inbox read, blocked
+        runners.schedule(Pointer(0, "1-0", "/notes/x"))  # swept: /notes/x wakes here
+        await runners.idle.wait()
+        delivery = runners.reading([0])  # a delivery's send, after that wake
+        runners.schedule(Pointer(0, "2-0", "/notes/x", preload), delivery)
+        runners.read_done(delivery)
+        await runners.idle.wait()
+        for n in range(10_000):  # other entities' wakes, and a read that returns: a prune
+            runners.cancel(f"/notes/other{n}", "stop")
+        runners.read_done(runners.reading([0]))
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload), blocking)  # stale
+        runners.read_done(blocking)
+        await runners.idle.wait()
+        runners.close()
+    assert seen == [None, preload, None]
+
+
+async def test_a_delivery_to_a_partition_held_here_wakes_its_target_without_a_load(cluster):
+    """A send a wake's delivery makes to an entity whose partition this worker holds
+    reads the pointer it adds in the same script (SEND_WAKE), with the target's metadata
+    and log tail: the target's wake loads nothing, and no inbox read is needed."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    assert rt.worker is not None and rt.store is not None
+    loaded: list[str] = []
+    load = rt.store.load
+
+    async def counting(url: str, after: str | None, page: int = 1000) -> Loaded:
+        loaded.append(url)
+        return await load(url, after, page)
+
+    rt.store.load = counting  # type: ignore[method-assign]
+    for n in range(5):
+        await rt.send(SENDER, n)
+        assert (await rt.wait_idle(SENDER)).status == "idle"
+        assert (await rt.wait_idle(TARGET)).status == "idle"
+    assert seen == [0, 1, 2, 3, 4]
+    assert TARGET not in loaded, loaded
+    assert rt.worker.stats["local_reads"] == 5
 
 
 async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
