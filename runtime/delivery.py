@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -41,9 +41,7 @@ from .events import (
 )
 from .store import (
     TRANSIENT_ERRORS,
-    BadItem,
     EntityGoneError,
-    Pointer,
     ReadAs,
     Store,
     TargetMissingError,
@@ -57,15 +55,16 @@ log = logging.getLogger("wakeful.delivery")
 _POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
 
 
-class LocalRead(Protocol):
-    """A send's read of its target partition's new pointers (``listeners.LocalRead``):
-    made with ``read_as``, then handed to the runners with :meth:`take`, or, if the
-    send failed, given up with :meth:`lost`."""
+class SendRead(Protocol):
+    """A send's read of its target partition's new pointers (``listeners.SendRead``):
+    made with ``read_as``; once the send returned or raised an error, :meth:`finish`
+    hands what it read to the runners; on a crash or a cancel, :meth:`lost` leaves it
+    to the lease keeper's sweep."""
 
     @property
     def read_as(self) -> ReadAs: ...
 
-    async def take(self, pointers: Sequence[Pointer | BadItem]) -> None: ...
+    async def finish(self) -> None: ...
 
     def lost(self) -> None: ...
 
@@ -75,7 +74,7 @@ class LocalReads(Protocol):
     send to a partition held here reads the pointers it adds in its own script, and
     hands them to the runners as the inbox read would."""
 
-    def local_read(self, partition: int) -> LocalRead | None: ...
+    def local_read(self, partition: int) -> SendRead | None: ...
 
 
 class Delivery:
@@ -83,7 +82,9 @@ class Delivery:
         self.store = store
         self._fault = fault
         self.stats = stats
-        self.local: LocalReads | None = None  # None: every send leaves its pointer to be read
+        # Set by the worker once its listeners exist (they need the runners, which need
+        # the pipeline, which needs this): None, every send leaves its pointer unread.
+        self.local: LocalReads | None = None
 
     async def after_commit(
         self, ticket: WakeTicket, batch: CommitBatch, ids: list[str], *, ack: bool = False
@@ -251,7 +252,7 @@ class Delivery:
         partition = self.store.keys.partition(effect.target)
         local = self.local.local_read(partition) if self.local is not None else None
         try:
-            sent = await self.store.append_input(
+            await self.store.append_input(
                 effect.target,
                 target_type,
                 created=created,
@@ -265,11 +266,15 @@ class Delivery:
             )
             if local is not None:
                 self._fault("deliver:read-here")
-        except BaseException:
+        except Exception:  # refused, or applied with too few replicas: take what it read
+            if local is not None:
+                await local.finish()
+            raise
+        except BaseException:  # a crash or a cancel: what it read waits for the sweep
             if local is not None:
                 local.lost()
             raise
         if local is not None:
             self.stats["local_reads"] += 1
-            await local.take(sent.pointers)
+            await local.finish()
         self._fault(f"deliver:after-{effect.kind}")

@@ -75,8 +75,9 @@ class Slots:
 
 @dataclass(frozen=True, slots=True)
 class ReadMark:
-    """An inbox read in flight: when it was sent (on the runners' clock), and the lease
-    tokens it was made under. What it brings along for an entity is as good as a load
+    """A read of wake pointers in flight (the inbox read, or a delivery's send that
+    reads): when it was sent (on the runners' clock), and the lease tokens it was made
+    under. What it brings along for an entity is as good as a load
     only if no activation of the entity started or ended here since ``seq``, and only
     under the lease it was read under (see :meth:`Runners.schedule`)."""
 
@@ -96,8 +97,8 @@ class Runner:
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
     task: asyncio.Task[None] | None = None
-    # what the inbox read brought with the pointer that started the runner: its id, it,
-    # and the lease token the read was made under
+    # what the read (the inbox's, or a send's) brought with the pointer that started the
+    # runner: its id, it, and the lease token the read was made under
     preload: tuple[str, Preloaded, str] | None = None
 
 
@@ -216,7 +217,7 @@ class Runners:
         return sum(len(t) for t in self._tracked.values())
 
     def reading(self, partitions: list[int]) -> ReadMark:
-        """An inbox read of ``partitions`` is sent now: what it brings along is fresh for
+        """A read of ``partitions``' pointers is sent now: what it brings along is fresh for
         every entity no activation here touches until it returns, while the lease it was
         read under is held (see :meth:`schedule`). Pass the mark to :meth:`schedule`
         with what the read brought, and then to :meth:`read_done`."""

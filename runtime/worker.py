@@ -75,8 +75,8 @@ class Worker:
             "handler_calls": 0,
             "commits_fenced": 0,
             "effects_delivered": 0,
-            "loads_skipped": 0,  # wakes that used what the inbox read brought along
-            "local_reads": 0,  # deliveries that read their target's pointers (SEND_WAKE)
+            "loads_skipped": 0,  # wakes that used what the read of their pointer brought along
+            "local_reads": 0,  # sends of deliveries that read their target's pointers too
         }
         self._stopping = asyncio.Event()
         self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises

@@ -320,10 +320,10 @@ def one_redis(store) -> None:
 async def test_a_send_read_as_the_lease_holder_brings_back_its_pointer_with_the_entity(store):
     one_redis(store)
     p, token = await lease(store, URL)
-    result = await store.append_input(
-        URL, "t", created=b"C", events=[("i", b"m1")], read_as=ReadAs(token, "w1")
-    )
-    [pointer] = result.pointers
+    read_as = ReadAs(token, "w1", 32)
+    await store.append_input(URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as)
+    assert read_as.replied
+    [pointer] = read_as.read
     assert isinstance(pointer, Pointer) and pointer.url == URL and pointer.preload is not None
     assert pointer.preload.loaded.meta["woke"] == b"1"
     assert [f[b"e"] for _, f in pointer.preload.loaded.entries] == [b"C", b"m1"]
@@ -335,10 +335,11 @@ async def test_a_send_read_as_a_lease_no_longer_held_reads_nothing(store):
     one_redis(store)
     p, token = await lease(store, URL)
     await take_over(store, p, token)
+    read_as = ReadAs(token, "w1", 32)
     result = await store.append_input(
-        URL, "t", created=b"C", events=[("i", b"m1")], read_as=ReadAs(token, "w1")
+        URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as
     )
-    assert result.appended and not result.pointers
+    assert result.appended and read_as.replied and read_as.read == []
     assert await read_pointer(store, URL, "heir")  # the new owner reads it
 
 
@@ -348,10 +349,10 @@ async def test_a_refused_send_read_as_the_lease_holder_reads_nothing(store):
     other = next(f"/t/b{n}" for n in range(1000) if store.keys.partition(f"/t/b{n}") == p)
     await create(store, other, b"m")
     _, token = await lease(store, URL)
+    read_as = ReadAs(token, "w1", 32)
     with pytest.raises(TargetMissingError):
-        await store.append_input(
-            URL, "t", created=b"C", mode="existing", read_as=ReadAs(token, "w1")
-        )
+        await store.append_input(URL, "t", created=b"C", mode="existing", read_as=read_as)
+    assert read_as.replied and read_as.read == []
     assert await read_pointer(store, other)  # the neighbour's pointer is still new
 
 
@@ -361,10 +362,11 @@ async def test_a_send_read_as_the_lease_holder_without_the_inbox_group_still_sen
     one_redis(store)
     p, token = await lease(store, URL)
     await store.redis.xgroup_destroy(store.keys.inbox(p), GROUP)
+    read_as = ReadAs(token, "w1", 32)
     result = await store.append_input(
-        URL, "t", created=b"C", events=[("i", b"m1")], read_as=ReadAs(token, "w1")
+        URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as
     )
-    assert result.appended and not result.pointers
+    assert result.appended and read_as.replied and read_as.read == []
     assert [e for _, e in await log(store, URL)] == [b"C", b"m1"]
     read = await store.read_wake_pointers([p], "w1", 100, 1)  # makes the group again
     read = read or await store.read_wake_pointers([p], "w1", 100, 1)

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.faults import SimulatedCrash, lapse_soon
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
+from wakeful.errors import ReplicaWaitError
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
-from wakeful.store import Loaded, Pointer, Preloaded
+from wakeful.store import SEND_WAKE, Loaded, Pointer, Preloaded, Script
 from wakeful.ticket import WakeTicket
 
 pytestmark = pytest.mark.anyio
@@ -370,6 +373,8 @@ async def test_a_delivery_to_a_partition_held_here_wakes_its_target_without_a_lo
     seen: list[object] = []
     rt = await cluster.runtime(app(seen))
     assert rt.worker is not None and rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads (the doorbell wakes the reader)")
     loaded: list[str] = []
     load = rt.store.load
 
@@ -385,6 +390,64 @@ async def test_a_delivery_to_a_partition_held_here_wakes_its_target_without_a_lo
     assert seen == [0, 1, 2, 3, 4]
     assert TARGET not in loaded, loaded
     assert rt.worker.stats["local_reads"] == 5
+
+
+def after_send_wake(rt: Runtime, failure: Callable[[Any], BaseException]) -> list[int]:
+    """Make the first SEND_WAKE of ``rt``'s store run and then raise ``failure(reply)``;
+    returns the partitions the runners strand from then on."""
+    assert rt.store is not None and rt.worker is not None
+    run, strand = rt.store._run, rt.worker.runners.strand
+    stranded: list[int] = []
+    failed: list[bool] = []
+
+    async def failing(script: Script, keys: list[str], args: list[Any], **kw: Any) -> Any:
+        reply = await run(script, keys, args, **kw)
+        if script is SEND_WAKE and not failed:
+            failed.append(True)
+            raise failure(reply)
+        return reply
+
+    def stranding(partition: int) -> None:
+        stranded.append(partition)
+        strand(partition)
+
+    rt.store._run = failing  # type: ignore[method-assign]
+    rt.worker.runners.strand = stranding  # type: ignore[method-assign]
+    return stranded
+
+
+async def test_a_send_whose_reply_is_lost_leaves_what_it_read_to_the_sweep(cluster):
+    """The script ran and read the target's pointer for this worker, but its reply
+    never came (a connection lost): the pointer is pending here, unscheduled. The
+    partition is stranded, and the worker's own sweep wakes the target a lease period
+    later; the redelivery of the outbox is deduplicated."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
+    assert rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    stranded = after_send_wake(rt, lambda reply: RedisConnectionError("the reply was lost"))
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
+    assert seen == ["hello"]
+    assert stranded == [rt.store.keys.partition(TARGET)]
+
+
+async def test_a_send_applied_with_too_few_replicas_schedules_what_it_read(cluster):
+    """The script ran and its reply came, with too few replicas confirming it
+    (ReplicaWaitError): what it read is scheduled at once, not left to a sweep."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=60_000)
+    assert rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    stranded = after_send_wake(rt, lambda reply: ReplicaWaitError("SEND_WAKE", 0, 1, 10, reply))
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER, timeout=20)).status == "idle"
+    assert (await rt.wait_idle(TARGET, timeout=20)).status == "idle"
+    assert seen == ["hello"]
+    assert stranded == []
 
 
 async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
