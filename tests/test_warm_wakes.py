@@ -392,6 +392,43 @@ async def test_a_delivery_to_a_partition_held_here_wakes_its_target_without_a_lo
     assert rt.worker.stats["local_reads"] == 5
 
 
+async def test_a_send_reads_only_for_a_partition_this_worker_reads(cluster):
+    """A delivery's send reads its target's pointers only where the inbox reader would
+    read them: a held, valid lease not being handed over, a subscribed cancel channel
+    (a wake must not start before), room in the backlog, a worker not stopping."""
+    rt = await cluster.runtime(app([]))
+    assert rt.worker is not None and rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    listeners, runners = rt.worker.listeners, rt.worker.runners
+    p = rt.store.keys.partition(TARGET)
+    await until(lambda: _true(listeners.cancels.hears(p)), 20, "the cancel channel")
+
+    def reads() -> bool:
+        read = listeners.local_read(p)
+        if read is not None:
+            runners.read_done(read.mark)
+        return read is not None
+
+    assert reads()
+    lease = rt.worker.leases[p]
+    lease.draining = True  # being handed over
+    assert not reads()
+    lease.draining = False
+    valid_until, lease.valid_until = lease.valid_until, 0.0  # lapsed here
+    assert not reads()
+    lease.valid_until = valid_until
+    listeners.cancels._held.discard(p)  # its cancel channel not subscribed yet
+    assert not reads()
+    listeners.cancels._held.add(p)
+    runners._tracked[p].update(f"{n}-0" for n in range(rt.settings.max_concurrency * 4))
+    assert not reads()  # the backlog is full
+    runners._tracked[p].clear()
+    assert reads()
+    listeners.stop_reading()
+    assert not reads()
+
+
 def after_send_wake(rt: Runtime, failure: Callable[[Any], BaseException]) -> list[int]:
     """Make the first SEND_WAKE of ``rt``'s store run and then raise ``failure(reply)``;
     returns the partitions the runners strand from then on."""
