@@ -134,6 +134,10 @@ class CancelRequests:
                 await self._channels.subscribe(self._keys.cancel_channel(p), self._heard)
             self._held = held
 
+    def hears(self, partition: int) -> bool:
+        """Whether ``partition``'s channel is subscribed (a wake there may start)."""
+        return partition in self._held
+
     async def next(self, timeout: float) -> tuple[str, str] | None:
         """The next cancel request, or None if none came within ``timeout`` seconds."""
         await self.sync()

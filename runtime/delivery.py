@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 
@@ -38,7 +39,13 @@ from .events import (
     encode_event,
     pack,
 )
-from .store import TRANSIENT_ERRORS, EntityGoneError, Store, TargetMissingError
+from .store import (
+    TRANSIENT_ERRORS,
+    EntityGoneError,
+    ReadAs,
+    Store,
+    TargetMissingError,
+)
 from .tasks import all_of
 from .ticket import WakeTicket, commit
 from .tracing import Carrier
@@ -48,11 +55,36 @@ log = logging.getLogger("wakeful.delivery")
 _POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
 
 
+class SendRead(Protocol):
+    """A send's read of its target partition's new pointers (``listeners.SendRead``):
+    made with ``read_as``; once the send returned or raised an error, :meth:`finish`
+    hands what it read to the runners; on a crash or a cancel, :meth:`lost` leaves it
+    to the lease keeper's sweep."""
+
+    @property
+    def read_as(self) -> ReadAs: ...
+
+    async def finish(self) -> None: ...
+
+    def lost(self) -> None: ...
+
+
+class LocalReads(Protocol):
+    """The worker's inbox reading, as a delivery uses it (``listeners.Listeners``): a
+    send to a partition held here reads the pointers it adds in its own script, and
+    hands them to the runners as the inbox read would."""
+
+    def local_read(self, partition: int) -> SendRead | None: ...
+
+
 class Delivery:
     def __init__(self, store: Store, fault: Callable[[str], None], stats: dict[str, int]) -> None:
         self.store = store
         self._fault = fault
         self.stats = stats
+        # Set by the worker once its listeners exist (they need the runners, which need
+        # the pipeline, which needs this): None, every send leaves its pointer unread.
+        self.local: LocalReads | None = None
 
     async def after_commit(
         self, ticket: WakeTicket, batch: CommitBatch, ids: list[str], *, ack: bool = False
@@ -217,15 +249,32 @@ class Delivery:
                 trace=trace,
             )
             events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
-        await self.store.append_input(
-            effect.target,
-            target_type,
-            created=created,
-            events=events,
-            args=args,
-            parent=parent,
-            mode=mode,
-            idempotency_key=effect.key,
-            owner=effect.identity,
-        )
+        partition = self.store.keys.partition(effect.target)
+        local = self.local.local_read(partition) if self.local is not None else None
+        try:
+            await self.store.append_input(
+                effect.target,
+                target_type,
+                created=created,
+                events=events,
+                args=args,
+                parent=parent,
+                mode=mode,
+                idempotency_key=effect.key,
+                owner=effect.identity,
+                read_as=local.read_as if local is not None else None,
+            )
+            if local is not None:
+                self._fault("deliver:read-here")
+        except Exception:  # refused, or applied with too few replicas: take what it read
+            if local is not None:
+                await local.finish()
+            raise
+        except BaseException:  # a crash or a cancel: what it read waits for the sweep
+            if local is not None:
+                local.lost()
+            raise
+        if local is not None:
+            self.stats["local_reads"] += 1
+            await local.finish()
         self._fault(f"deliver:after-{effect.kind}")

@@ -134,7 +134,12 @@ class LeaseKeeper:
 
     def readable(self) -> list[int]:
         """Partitions whose inboxes to read: held, valid, not being handed over."""
-        return [p for p, lease in self.held.items() if not lease.draining and lease.valid()]
+        return [p for p in self.held if self.is_readable(p)]
+
+    def is_readable(self, partition: int) -> bool:
+        """Whether ``partition`` is one of :meth:`readable`."""
+        lease = self.held.get(partition)
+        return lease is not None and not lease.draining and lease.valid()
 
     def active(self) -> list[int]:
         """Partitions held and not being handed over (their timers fire here)."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -28,14 +29,38 @@ from .cancellation import CancelRequests
 from .config import Settings
 from .due_times import SCHEDULE, TIMER, DueTimes
 from .leases import LeaseKeeper
-from .runners import Runners
+from .runners import ReadMark, Runners
 from .schedule_firing import ScheduleFiring
-from .store import TRANSIENT_ERRORS, BadItem, Store
+from .store import TRANSIENT_ERRORS, BadItem, Pointer, ReadAs, Store
 
 log = logging.getLogger("wakeful.listeners")
 FIRE_ATTEMPTS = 3  # a timer that fails to fire this often in a row is moved aside
 TIMER_RETRY_S = 0.25  # the timer loop's next pass after Redis failed it
 MIN_TIMER_SLEEP_S = 0.005  # between two passes, at least (a timer due now fires now)
+
+
+@dataclass(frozen=True, slots=True)
+class SendRead:
+    """A delivery's send that reads its target partition's new pointers for this
+    worker (see :meth:`Listeners.local_read`)."""
+
+    read_as: ReadAs
+    partition: int
+    mark: ReadMark
+    listeners: Listeners
+
+    async def finish(self) -> None:
+        """The send returned or raised: schedule what it read; if its reply never came,
+        give up what it may have read to the lease keeper's sweep."""
+        if self.read_as.replied:
+            await self.listeners.take(self.read_as.read, self.mark)
+        else:
+            self.lost()
+
+    def lost(self) -> None:
+        """The worker crashed (in a test) or the send was cancelled: what it read stays
+        pending here, for the lease keeper's sweep."""
+        self.listeners.strand(self.partition, self.mark)
 
 
 class Listeners:
@@ -80,7 +105,6 @@ class Listeners:
 
     async def _read_inboxes(self) -> None:
         s = self.settings
-        max_backlog = s.max_concurrency * 4
         while not self._stop_reading:
             partitions = self.leases.readable()
             if not partitions:
@@ -90,32 +114,84 @@ class Listeners:
                 with anyio.move_on_after(s.heartbeat_ms / 1000):
                     await self.leases.changed.wait()
                 continue
-            if self.runners.backlog() >= max_backlog:
+            if self._backlog_full():
                 self.runners.room.clear()
                 if self._stop_reading:
                     break
                 with anyio.move_on_after(1.0):
                     await self.runners.room.wait()
                 continue
-            self.runners.reading(partitions)
+            mark = self.runners.reading(partitions)
             try:
                 await self.cancels.sync()  # before a wake of a new partition can start
                 pointers = await self.store.read_wake_pointers(
                     partitions, self.worker_id, s.read_count, s.block_ms
                 )
             except TRANSIENT_ERRORS as exc:
+                self.runners.read_done(mark)
                 log.warning("worker %s: inbox read failed: %s", self.worker_id, exc)
                 await anyio.sleep(0.2)
                 continue
-            strays: dict[int, list[str]] = {}
+            except BaseException:
+                self.runners.read_done(mark)
+                raise
+            await self.take(pointers, mark)
+
+    def _backlog_full(self) -> bool:
+        return self.runners.backlog() >= self.settings.max_concurrency * 4
+
+    def local_read(self, partition: int) -> SendRead | None:
+        """How a delivery by this worker to an entity of ``partition`` reads that
+        partition's new pointers in the send's own script (``Store.append_input``), or
+        None where it must not: a partition not readable here (not held, lapsing, or
+        being handed over), its cancel channel not yet subscribed (a wake must not start
+        before), a full backlog, a worker stopping, a cluster."""
+        token = self.leases.token(partition)
+        if (
+            token is None
+            or self._stop_reading
+            or self.store.router is not None
+            or not self.leases.is_readable(partition)
+            or not self.cancels.hears(partition)
+            or self._backlog_full()
+        ):
+            return None
+        mark = self.runners.reading([partition])
+        read_as = ReadAs(token, self.worker_id, self.settings.read_count)
+        return SendRead(read_as, partition, mark, self)
+
+    async def take(self, pointers: Sequence[Pointer | BadItem], mark: ReadMark) -> None:
+        """Schedule the pointers a read brought (with what they preloaded), then move the
+        bad ones aside and put back those of partitions lost while the read was in
+        flight. Scheduling comes first and awaits nothing, so a take cut short by a
+        cancel or an error leaves no good pointer unscheduled; what it had left to move
+        stays pending, and its partitions are swept."""
+        bad: list[BadItem] = []
+        strays: dict[int, list[str]] = {}
+        try:
             for pointer in pointers:
                 if isinstance(pointer, BadItem):
-                    await self._quarantine(pointer)
+                    bad.append(pointer)
                 elif self.leases.token(pointer.partition) is not None:
-                    self.runners.schedule(pointer)
+                    self.runners.schedule(pointer, mark)
                 else:  # the partition went while the read was in flight
                     strays.setdefault(pointer.partition, []).append(pointer.entry_id)
+        finally:
+            self.runners.read_done(mark)
+        try:
+            for item in bad:
+                await self._quarantine(item)
             await self._put_back(strays)
+        except BaseException:
+            for partition in {b.partition for b in bad} | set(strays):
+                self.runners.strand(partition)
+            raise
+
+    def strand(self, partition: int, mark: ReadMark) -> None:
+        """A read of ``partition`` whose reply never came: what it read (if anything)
+        is pending here, unscheduled; the lease keeper sweeps it a lease period later."""
+        self.runners.strand(partition)
+        self.runners.read_done(mark)
 
     async def _put_back(self, strays: dict[int, list[str]]) -> None:
         """Pointers read for partitions this worker no longer holds (handed over, or

@@ -72,69 +72,69 @@ end
 # -> {1, id, created_id} appended | {0, id, created_id} deduplicated or existing
 #    | {-1, 'args', created_id} other args | {-2, '', ''} missing ('existing')
 #    | {-3, seen, ''} the owner is not what the caller expected (nothing written)
-SEND = (
-    _ENSURE_POINTER
-    + """
-local log = KEYS[1]          -- the entity's log
-local meta = KEYS[2]         -- the entity's metadata hash
-local inbox = KEYS[3]        -- the partition inbox (wake pointers)
-local idem = KEYS[4]         -- idempotency key -> event id
-local typeset = KEYS[5]      -- urls of the entity's type in the partition
-local url = ARGV[1]
-local etype = ARGV[2]        -- entity type name
-local idem_ttl = ARGV[3]     -- ms to remember the idempotency key ('' = no dedupe)
-local mode = ARGV[4]         -- 'send' | 'create' | 'existing' (see above)
-local args = ARGV[5]         -- packed creation args
-local created = ARGV[6]      -- the Created event, appended if the entity is new
-local parent = ARGV[7]       -- parent url ('' = none)
-local owner = ARGV[8]        -- the identity (JSON) that owns the entity if this creates it
-local expect = ARGV[9]       -- the owner the caller expects (see above)
-local n = tonumber(ARGV[10]) -- then n pairs (flag, event): flag 'i' input (moves last_in)
-local first_pair = 11
-if idem_ttl ~= '' then
-  local prior = redis.call('GET', idem)
-  -- Only an event id is an earlier send's answer: a value written by hand (garbage)
-  -- would drop this send and answer the garbage as its id. It is overwritten below.
-  if prior and string.match(prior, '^%d+%-%d+$') then
-    return {0, prior, redis.call('HGET', meta, 'created') or ''}
+_SEND = """
+local function send()
+  local log = KEYS[1]          -- the entity's log
+  local meta = KEYS[2]         -- the entity's metadata hash
+  local inbox = KEYS[3]        -- the partition inbox (wake pointers)
+  local idem = KEYS[4]         -- idempotency key -> event id
+  local typeset = KEYS[5]      -- urls of the entity's type in the partition
+  local url = ARGV[1]
+  local etype = ARGV[2]        -- entity type name
+  local idem_ttl = ARGV[3]     -- ms to remember the idempotency key ('' = no dedupe)
+  local mode = ARGV[4]         -- 'send' | 'create' | 'existing' (see above)
+  local args = ARGV[5]         -- packed creation args
+  local created = ARGV[6]      -- the Created event, appended if the entity is new
+  local parent = ARGV[7]       -- parent url ('' = none)
+  local owner = ARGV[8]        -- the identity (JSON) that owns the entity if this creates it
+  local expect = ARGV[9]       -- the owner the caller expects (see above)
+  local n = tonumber(ARGV[10]) -- then n pairs (flag, event): flag 'i' input (moves last_in)
+  local first_pair = 11
+  if idem_ttl ~= '' then
+    local prior = redis.call('GET', idem)
+    -- Only an event id is an earlier send's answer: a value written by hand (garbage)
+    -- would drop this send and answer the garbage as its id. It is overwritten below.
+    if prior and string.match(prior, '^%d+%-%d+$') then
+      return {0, prior, redis.call('HGET', meta, 'created') or ''}
+    end
   end
-end
-local created_id = redis.call('HGET', meta, 'created')
-if expect ~= '' then
-  local seen = '!'
+  local created_id = redis.call('HGET', meta, 'created')
+  if expect ~= '' then
+    local seen = '!'
+    if created_id then
+      local has = redis.call('HGET', meta, 'owner')
+      seen = has and ('=' .. has) or '~'
+    end
+    if seen ~= expect then return {-3, seen, ''} end
+  end
   if created_id then
-    local has = redis.call('HGET', meta, 'owner')
-    seen = has and ('=' .. has) or '~'
+    if mode == 'create' and redis.call('HGET', meta, 'args') ~= args then
+      return {-1, 'args', created_id}
+    end
+  elseif mode == 'existing' then
+    return {-2, '', ''}
+  else
+    created_id = redis.call('XADD', log, '*', 'e', created)
+    redis.call('PERSIST', log)  -- the emptied log of a deleted incarnation had a TTL
+    redis.call('HSET', meta, 'type', etype, 'status', 'active', 'cursor', '0-0',
+               'args', args, 'parent', parent, 'created', created_id, 'last_in', created_id)
+    if owner ~= '' then redis.call('HSET', meta, 'owner', owner) end
+    redis.call('SADD', typeset, url)
   end
-  if seen ~= expect then return {-3, seen, ''} end
-end
-if created_id then
-  if mode == 'create' and redis.call('HGET', meta, 'args') ~= args then
-    return {-1, 'args', created_id}
+  local id = created_id
+  local last_in = false
+  for j = 0, n - 1 do
+    local flag, event = ARGV[first_pair + 2 * j], ARGV[first_pair + 2 * j + 1]
+    id = redis.call('XADD', log, '*', 'e', event)
+    if flag == 'i' then last_in = id end
   end
-elseif mode == 'existing' then
-  return {-2, '', ''}
-else
-  created_id = redis.call('XADD', log, '*', 'e', created)
-  redis.call('PERSIST', log)  -- the emptied log of a deleted incarnation had a TTL
-  redis.call('HSET', meta, 'type', etype, 'status', 'active', 'cursor', '0-0',
-             'args', args, 'parent', parent, 'created', created_id, 'last_in', created_id)
-  if owner ~= '' then redis.call('HSET', meta, 'owner', owner) end
-  redis.call('SADD', typeset, url)
+  if last_in then redis.call('HSET', meta, 'last_in', last_in) end
+  ensure_pointer(meta, inbox, url)
+  if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
+  return {1, id, created_id}
 end
-local id = created_id
-local last_in = false
-for j = 0, n - 1 do
-  local flag, event = ARGV[first_pair + 2 * j], ARGV[first_pair + 2 * j + 1]
-  id = redis.call('XADD', log, '*', 'e', event)
-  if flag == 'i' then last_in = id end
-end
-if last_in then redis.call('HSET', meta, 'last_in', last_in) end
-ensure_pointer(meta, inbox, url)
-if idem_ttl ~= '' then redis.call('SET', idem, id, 'PX', idem_ttl) end
-return {1, id, created_id}
 """
-)
+SEND = _ENSURE_POINTER + _SEND + "return send()"
 
 # -> {meta_flat, snapshot|nil, entries, conversation chunks (flat hash, {} without a
 #    snapshot)}
@@ -174,47 +174,85 @@ return {fields, snapshot, redis.call('XRANGE', log, start, '+', 'COUNT', count),
 # its wake loads as usual. The keys of the entity are its partition's: the inbox key
 # without ':inbox', then ':meta:' or ':log:' and the url (keys.py).
 # -> {{pointer id, pointer fields, loaded, meta_flat, entries}, ...}
-WAKES = """
-local inbox = KEYS[1]              -- the partition inbox (wake pointers)
-local group = ARGV[1]              -- the inbox consumer group
-local consumer = ARGV[2]           -- the reading worker
-local count = ARGV[3]              -- at most this many pointers
-local page = tonumber(ARGV[4])     -- at most this many log entries per pointer
-local budget = tonumber(ARGV[5])   -- at most this many log entries in all
-local tag = string.sub(inbox, 1, #inbox - 6)
-local read = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-  'STREAMS', inbox, '>')
-local out = {}
-if not read or #read == 0 then return out end
--- {{inbox, entries}} (a fakeredis gives {inbox, entries})
-local entries = type(read[1]) == 'table' and read[1][2] or read[2]
-local function load(url)
-  local meta = tag .. ':meta:' .. url
-  local meta_flat = redis.pcall('HGETALL', meta)
-  if type(meta_flat) ~= 'table' or meta_flat.err then return nil end
-  local cursor = redis.pcall('HGET', meta, 'cursor')
-  if not cursor then cursor = '0-0' end
-  if type(cursor) ~= 'string' or not string.match(cursor, '^%d+%-%d+$') then return nil end
-  local tail = redis.pcall('XRANGE', tag .. ':log:' .. url, '(' .. cursor, '+', 'COUNT', page)
-  if type(tail) ~= 'table' or tail.err then return nil end
-  return meta_flat, tail
-end
-for _, entry in ipairs(entries) do
-  local fields, url = entry[2], nil
-  for f = 1, #fields, 2 do
-    if fields[f] == 'u' then url = fields[f + 1] end
+_READ_WAKES = """
+local function read_wakes(inbox, group, consumer, count, page, budget)
+  local tag = string.sub(inbox, 1, #inbox - 6)
+  local read = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+    'STREAMS', inbox, '>')
+  if type(read) == 'table' and read.err then return nil, read.err end  -- NOGROUP, say
+  local out = {}
+  if not read or #read == 0 then return out end
+  -- {{inbox, entries}} (a fakeredis gives {inbox, entries})
+  local entries = type(read[1]) == 'table' and read[1][2] or read[2]
+  local function load(url)
+    local meta = tag .. ':meta:' .. url
+    local meta_flat = redis.pcall('HGETALL', meta)
+    if type(meta_flat) ~= 'table' or meta_flat.err then return nil end
+    local cursor = redis.pcall('HGET', meta, 'cursor')
+    if not cursor then cursor = '0-0' end
+    if type(cursor) ~= 'string' or not string.match(cursor, '^%d+%-%d+$') then return nil end
+    local tail = redis.pcall('XRANGE', tag .. ':log:' .. url, '(' .. cursor, '+', 'COUNT', page)
+    if type(tail) ~= 'table' or tail.err then return nil end
+    return meta_flat, tail
   end
-  local meta_flat, tail = nil, nil
-  if url and budget > 0 then meta_flat, tail = load(url) end
-  if meta_flat then
-    budget = budget - #tail
-    out[#out + 1] = {entry[1], fields, 1, meta_flat, tail}
-  else
-    out[#out + 1] = {entry[1], fields, 0, {}, {}}
+  for _, entry in ipairs(entries) do
+    local fields, url = entry[2], nil
+    for f = 1, #fields, 2 do
+      if fields[f] == 'u' then url = fields[f + 1] end
+    end
+    local meta_flat, tail = nil, nil
+    if url and budget > 0 then meta_flat, tail = load(url) end
+    if meta_flat then
+      budget = budget - #tail
+      out[#out + 1] = {entry[1], fields, 1, meta_flat, tail}
+    else
+      out[#out + 1] = {entry[1], fields, 0, {}, {}}
+    end
   end
+  return out
 end
+"""
+WAKES = (
+    _READ_WAKES
+    + """
+local out, err = read_wakes(
+  KEYS[1],               -- the partition inbox (wake pointers)
+  ARGV[1],               -- the inbox consumer group
+  ARGV[2],               -- the reading worker
+  ARGV[3],               -- at most this many pointers
+  tonumber(ARGV[4]),     -- at most this many log entries per pointer
+  tonumber(ARGV[5]))     -- at most this many log entries in all
+if err then return redis.error_reply(err) end  -- the caller makes the group again
 return out
 """
+)
+
+# SEND, and then, for a worker that holds the target's partition, WAKES on its inbox in
+# the same script: the pointer the send added (and any other new one) comes back in the
+# reply, with its entity's metadata and log tail, instead of reaching the worker's
+# blocked XREADGROUP bare (Redis serves a blocked read only after the script, and finds
+# the pointers read by then). Read only if the send was not refused and the lease is
+# still the caller's (KEYS[6] holds it): another owner's pointers stay in the inbox. A
+# read that fails (the group is gone, say) leaves the pointers to the worker's inbox
+# read, never failing the send it follows.
+# -> SEND's reply, with a 4th element when it read: WAKES's reply
+SEND_WAKE = (
+    _ENSURE_POINTER
+    + _SEND
+    + _READ_WAKES
+    + """
+local lease = KEYS[6]                     -- the target partition's lease
+local at = 11 + 2 * tonumber(ARGV[10])    -- after SEND's arguments:
+local token = ARGV[at]                    -- the lease token the caller holds
+local reply = send()
+if reply[1] >= 0 and redis.call('GET', lease) == token then
+  local read = read_wakes(KEYS[3], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+                         tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  if read then reply[4] = read end
+end
+return reply
+"""
+)
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).

@@ -3,8 +3,8 @@
 :meth:`WakePipeline.activate` takes a :class:`WakeTicket` for one entity and:
 
 1. **loads** the entity (metadata, snapshot and log tail in one script call; the
-   warm cache spares the snapshot and the replay, and what the inbox read brought
-   along with the pointer spares the call, when it covers it: ``_from_preload``),
+   warm cache spares the snapshot and the replay, and what the read of the pointer
+   brought along spares the call, when it covers it: ``_from_preload``),
 2. delivers an outbox a crash left undelivered,
 3. **rebuilds** the state (:func:`wakeful.fold.rebuild`) and collects the inputs
    after the cursor,
@@ -156,7 +156,7 @@ class WakePipeline:
 
     async def _load(self, ticket: WakeTicket) -> tuple[Loaded, Cached | None]:
         """The entity's metadata and log after the warm state (all of it if not warm):
-        from what the inbox read brought along if that covers it, else one LOAD."""
+        from what the pointer's read brought along if that covers it, else one LOAD."""
         url = ticket.url
         cached = self.cache.get(url)
         loaded = _from_preload(ticket.preload, cached) if ticket.preload else None

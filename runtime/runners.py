@@ -73,6 +73,21 @@ class Slots:
         self._free += 1
 
 
+@dataclass(frozen=True, slots=True)
+class ReadMark:
+    """A read of wake pointers in flight (the inbox read, or a delivery's send that
+    reads): when it was sent (on the runners' clock), and the lease tokens it was made
+    under. What it brings along for an entity is as good as a load
+    only if no activation of the entity started or ended here since ``seq``, and only
+    under the lease it was read under (see :meth:`Runners.schedule`)."""
+
+    seq: int
+    tokens: dict[int, str | None]
+
+
+_TOUCHED_KEPT = 4096  # entries of Runners._touched kept before a prune is tried
+
+
 @dataclass
 class Runner:
     """Runs the activations of one entity, one at a time."""
@@ -82,8 +97,8 @@ class Runner:
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
     task: asyncio.Task[None] | None = None
-    # what the inbox read brought with the pointer that started the runner: its id, it,
-    # and the lease token the read was made under
+    # what the read (the inbox's, or a send's) brought with the pointer that started the
+    # runner: its id, it, and the lease token the read was made under
     preload: tuple[str, Preloaded, str] | None = None
 
 
@@ -108,10 +123,15 @@ class Runners:
         self._crashed = crashed
         self._runners: dict[str, Runner] = {}
         self._tracked: dict[int, set[str]] = {}  # pointer ids taken per partition
-        # Entities whose activation started or ended here since the inbox read in flight
-        # was sent: what that read brought along for them may predate their commits.
-        self._touched: set[str] = set()
-        self._read_tokens: dict[int, str | None] = {}  # the leases that read was made under
+        # When an activation of each entity last started or ended here (the runners'
+        # clock): what a read sent before that brought along may predate its commits.
+        # Several reads can be in flight (the inbox read, and the reads deliveries make
+        # with their sends), each with its own mark; entries older than every read in
+        # flight tell nothing and are pruned.
+        self._clock = 0
+        self._touched: dict[str, int] = {}
+        self._reads: dict[int, int] = {}  # the marks in flight: seq -> how many reads
+        self._prune_at = _TOUCHED_KEPT
         self._stranded: set[int] = set()  # partitions whose pointers a wake left pending
         self._slots = Slots(settings.max_concurrency)
         self._group: asyncio.TaskGroup | None = None
@@ -187,7 +207,7 @@ class Runners:
         """A client cancelled ``url``'s run: tell its wake, if it runs here."""
         # A preload read before this request lacks its input, and the signal set now is
         # replaced when the wake arms its own: the wake must load (and see the input).
-        self._touched.add(url)
+        self._touch(url)
         runner = self._runners.get(url)
         if runner is not None:
             runner.preload = None
@@ -196,14 +216,44 @@ class Runners:
     def backlog(self) -> int:
         return sum(len(t) for t in self._tracked.values())
 
-    def reading(self, partitions: list[int]) -> None:
-        """An inbox read of ``partitions`` is sent now: what it brings along is fresh for
+    def reading(self, partitions: list[int]) -> ReadMark:
+        """A read of ``partitions``' pointers is sent now: what it brings along is fresh for
         every entity no activation here touches until it returns, while the lease it was
-        read under is held (see :meth:`schedule`)."""
-        self._touched.clear()
-        self._read_tokens = {p: self._token(p) for p in partitions}
+        read under is held (see :meth:`schedule`). Pass the mark to :meth:`schedule`
+        with what the read brought, and then to :meth:`read_done`."""
+        mark = ReadMark(self._clock, {p: self._token(p) for p in partitions})
+        self._reads[mark.seq] = self._reads.get(mark.seq, 0) + 1
+        return mark
 
-    def schedule(self, pointer: Pointer) -> None:
+    def read_done(self, mark: ReadMark) -> None:
+        """The read of ``mark`` returned (or failed) and its pointers are scheduled."""
+        left = self._reads.pop(mark.seq) - 1
+        if left:
+            self._reads[mark.seq] = left
+        if len(self._touched) > self._prune_at:
+            oldest = min(self._reads, default=self._clock)
+            self._touched = {u: t for u, t in self._touched.items() if t > oldest}
+            self._prune_at = max(_TOUCHED_KEPT, 2 * len(self._touched))
+
+    def _touch(self, url: str) -> None:
+        self._clock += 1
+        self._touched[url] = self._clock
+
+    def _fresh(self, pointer: Pointer, mark: ReadMark | None) -> str | None:
+        """The lease token under which ``pointer``'s preload is as good as a load, or
+        None: only if no activation of the entity started or ended here since the read
+        was sent (its commits would be missing from it), and only under the lease it was
+        read under (with a lease lost and taken again, another owner may have committed
+        in between)."""
+        if pointer.preload is None or mark is None:
+            return None
+        if self._touched.get(pointer.url, -1) > mark.seq:
+            return None
+        return mark.tokens.get(pointer.partition)
+
+    def schedule(self, pointer: Pointer, mark: ReadMark | None = None) -> None:
+        """Hand ``pointer`` to its entity's runner (starting one); ``mark`` is the read
+        it came from, if that read brought a preload along."""
         tracked = self._tracked.get(pointer.partition)
         if tracked is None or pointer.entry_id in tracked or self._group is None:
             return
@@ -211,16 +261,9 @@ class Runners:
         runner = self._runners.get(pointer.url)
         if runner is None:
             runner = self._runners[pointer.url] = Runner(pointer.url, pointer.partition)
-            # The preload is as good as a load only if no activation of the entity ran
-            # here since the read was sent (its commits would be missing from it), and
-            # only under the lease it was read under (with a lease lost and taken again,
-            # another owner may have committed in between).
-            read_under = self._read_tokens.get(pointer.partition)
-            if (
-                pointer.preload is not None
-                and pointer.url not in self._touched
-                and read_under is not None
-            ):
+            read_under = self._fresh(pointer, mark)
+            if read_under is not None:
+                assert pointer.preload is not None
                 runner.preload = (pointer.entry_id, pointer.preload, read_under)
             self.idle.clear()
             runner.task = self._group.create_task(
@@ -229,6 +272,11 @@ class Runners:
         else:  # a wake of it runs: the read may predate that wake's commit
             runner.preload = None
         runner.pointer_ids.append(pointer.entry_id)
+
+    def strand(self, partition: int) -> None:
+        """Pointers of ``partition`` may be pending here unscheduled (a read whose
+        reply was lost): the lease keeper sweeps them a lease period later."""
+        self._stranded.add(partition)
 
     def stranded(self) -> set[int]:
         """The partitions whose pointers a wake gave up on unacknowledged since the last
@@ -264,7 +312,7 @@ class Runners:
                 self._stranded.add(runner.partition)
             # Parking a crashed wake commits after the attempt's own mark: a read sent
             # before it must not bring back what it replaced.
-            self._touched.add(runner.url)
+            self._touch(runner.url)
             self.untrack(runner.partition, runner.pointer_ids)
             self._runners.pop(runner.url, None)
             if not self._runners:
@@ -294,12 +342,12 @@ class Runners:
                         else None
                     ),
                 )
-                self._touched.add(url)
+                self._touch(url)
                 try:
                     with metrics.wake(pointer_ids):
                         await self._activate(ticket)
                 finally:
-                    self._touched.add(url)
+                    self._touch(url)
                 if runner.cancels.signal.kind == "lease":
                     # Stopped on a lapsed lease, the wake gave its pointers up
                     # unacknowledged. If the lease is renewed rather than taken over (it

@@ -45,6 +45,7 @@ class Script:
 
 
 SEND = Script(lua.SEND, "SEND")
+SEND_WAKE = Script(lua.SEND_WAKE, "SEND_WAKE")
 LOAD = Script(lua.LOAD, "LOAD")
 WAKES = Script(lua.WAKES, "WAKES")
 COMMIT = Script(lua.COMMIT, "COMMIT")
@@ -70,6 +71,7 @@ CRON_QUARANTINE = Script(lua.CRON_QUARANTINE, "CRON_QUARANTINE")
 TRIM = Script(lua.TRIM, "TRIM")
 ALL_SCRIPTS = (
     SEND,
+    SEND_WAKE,
     LOAD,
     WAKES,
     COMMIT,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import msgspec
@@ -67,6 +67,7 @@ from .script_runner import (
     RENEW,
     RESUME,
     SEND,
+    SEND_WAKE,
     SETTLE,
     TOOL_DATA,
     TRIM,
@@ -89,6 +90,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "RENEW",
     "RESUME",
     "SEND",
+    "SEND_WAKE",
     "SETTLE",
     "TOOL_DATA",
     "TRANSIENT_ERRORS",
@@ -101,6 +103,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "Loaded",
     "Pointer",
     "Preloaded",
+    "ReadAs",
     "Script",
     "SendResult",
     "Store",
@@ -143,6 +146,29 @@ class SendResult:
     id: str  # the last event appended (or the one an idempotency key found)
     created_id: str  # the entity's incarnation
     appended: bool
+
+
+@dataclass(slots=True)
+class ReadAs:
+    """A send made by a worker that holds the target's partition under ``token``: the
+    SEND_WAKE script reads the partition's new wake pointers for ``consumer`` right
+    after the send, with what their wakes load (like the WAKES read), so a pointer
+    the send adds needs no inbox read and no load round trip of its own.
+
+    Once the script's reply is in, ``replied`` is set and ``read`` holds what it read
+    (nothing if the send was refused or the lease had moved), also when the send then
+    raises (a refusal, or :class:`ReplicaWaitError`: applied, too few replicas). Without
+    a reply (a lost connection) the script may or may not have read: those pointers,
+    if any, are pending for ``consumer``."""
+
+    token: str
+    consumer: str
+    count: int
+    replied: bool = False
+    read: list[Pointer | BadItem] = field(default_factory=list)
+
+    def args(self) -> list[Any]:
+        return [self.token, GROUP, self.consumer, self.count, PRELOAD_PAGE, PRELOAD_BUDGET]
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +410,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         idempotency_identity: dict[str, str] | None = None,
         owner: dict[str, str] | None = None,
         expect_owner: str = "",
+        read_as: ReadAs | None = None,
     ) -> SendResult:
         """Append events to an entity's log and a wake pointer to its inbox, atomically.
 
@@ -394,29 +421,40 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         ``idempotency_key`` is kept per ``idempotency_identity`` (the caller's).
         ``owner`` is recorded if this creates the entity. ``expect_owner`` (see
         :func:`~wakeful.keys.owner_mark`; ``""`` = no check) must be the entity's owner now, or
-        nothing is written and :class:`OwnerChangedError` is raised.
+        nothing is written and :class:`OwnerChangedError` is raised. ``read_as`` (a
+        worker holding the target's partition, on one Redis): the partition's new wake
+        pointers come back in it (:class:`ReadAs`).
         """
         k = self.keys
         p = k.partition(url)
         idem_key = k.idem(url, idempotency_key or "-", idempotency_identity)
-        reply = await self._run(
-            SEND,
-            [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)],
-            [
-                url,
-                type_name,
-                str(self.idempotency_ttl_ms) if idempotency_key else "",
-                mode,
-                args,
-                created,
-                parent,
-                identity_text(owner) if owner is not None else "",
-                expect_owner,
-                len(events),
-                *(x for pair in events for x in pair),
-            ],
-            durable=True,
-        )
+        keys = [k.log(url), k.meta(url), k.inbox(p), idem_key, k.typeset(p, type_name)]
+        script, extra = SEND, []
+        if read_as is not None and self.router is None:  # a cluster's reader has a doorbell
+            script, extra = SEND_WAKE, read_as.args()
+            keys.append(k.lease(p))
+        argv: list[Any] = [
+            url,
+            type_name,
+            str(self.idempotency_ttl_ms) if idempotency_key else "",
+            mode,
+            args,
+            created,
+            parent,
+            identity_text(owner) if owner is not None else "",
+            expect_owner,
+            len(events),
+            *(x for pair in events for x in pair),
+            *extra,
+        ]
+        try:
+            reply = await self._run(script, keys, argv, durable=True)
+        except ReplicaWaitError as exc:  # applied: what it read is this worker's now
+            if read_as is not None:
+                self._read_for(read_as, p, exc.reply)
+            raise
+        if read_as is not None:
+            self._read_for(read_as, p, reply)
         code, event_id, created_id = int(reply[0]), as_str(reply[1]), as_str(reply[2])
         if code == -1:
             raise ArgsConflictError(url)
@@ -425,6 +463,11 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         if code == -3:
             raise OwnerChangedError(url, event_id)
         return SendResult(event_id, created_id, code == 1)
+
+    def _read_for(self, read_as: ReadAs, partition: int, reply: list[Any]) -> None:
+        """What SEND_WAKE read, from its reply (a 4th element if it read)."""
+        read_as.replied = True
+        read_as.read = self._preloaded(partition, reply[3]) if len(reply) > 3 else []
 
     async def publish_cancel(self, url: str, reason: str) -> None:
         """Tell the worker running ``url`` (if any) to stop its run now, on the shard
@@ -515,8 +558,8 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         for event in events:
             args += event
         args += acks
-        for field in fields.items():
-            args += field
+        for item in fields.items():
+            args += item
         for timer in timers:
             args += timer
         args += actions

@@ -48,8 +48,8 @@ class WakeTicket:
     the worker stops). ``created`` is the entity's incarnation ("" when the entity is gone): a
     commit made for another incarnation is refused as gone. ``pointer_ids`` are
     the ids of the wake pointers (in the partition inbox) the activation
-    acknowledges once it commits. ``preload`` is what the inbox read brought with the
-    pointer, when it is still as fresh as a load would be (see ``Runners.schedule``).
+    acknowledges once it commits. ``preload`` is what the read of its pointer brought
+    along, when it is still as fresh as a load would be (see ``Runners.schedule``).
     """
 
     url: str

@@ -75,7 +75,8 @@ class Worker:
             "handler_calls": 0,
             "commits_fenced": 0,
             "effects_delivered": 0,
-            "loads_skipped": 0,  # wakes that used what the inbox read brought along
+            "loads_skipped": 0,  # wakes that used what the read of their pointer brought along
+            "local_reads": 0,  # sends of deliveries that read their target's pointers too
         }
         self._stopping = asyncio.Event()
         self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises
@@ -121,6 +122,7 @@ class Worker:
         self.listeners = Listeners(
             store, settings, self.id, self.lease_keeper, self.runners, self._fault, self._now
         )
+        self.delivery.local = self.listeners  # a delivery reads the pointers it adds here
         self.sweep = RetentionSweep(
             store, settings, self.retention, self.lease_keeper, self.runners.running, self.stats
         )

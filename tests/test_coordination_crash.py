@@ -72,6 +72,8 @@ CRASH_POINTS = [
     ("deliver:after-send", 1),
     ("deliver:after-notify", 1),  # a run_finished wake delivered, not yet marked
     ("deliver:after-notify", 2),
+    ("deliver:read-here", 1),  # a child created and its pointer read here, not scheduled
+    ("deliver:read-here", 4),  # a send or a run_finished notice read here
     ("deliver:before-mark", 1),  # every effect delivered, out_done not moved
     ("deliver:before-mark", 3),
     ("timer:before-fire", 1),

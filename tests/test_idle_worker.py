@@ -147,8 +147,8 @@ async def test_a_wake_given_up_while_its_lease_was_invalid_runs_once_the_lease_i
     schedule = runners.schedule
     invalidated: list[int] = []
 
-    def lapsing(pointer: Any) -> None:
-        schedule(pointer)
+    def lapsing(pointer: Any, mark: Any = None) -> None:
+        schedule(pointer, mark)
         if not invalidated:  # its runner finds no valid lease; the next tick renews it
             invalidated.append(pointer.partition)
             leases[pointer.partition].valid_until = 0.0

@@ -19,10 +19,12 @@ from tests.script_helpers import (
     partition_keys,
     read_pointer,
     state,
+    take_over,
     unacked,
 )
 from wakeful import ArgsConflictError
-from wakeful.store import SendResult, TargetMissingError
+from wakeful.keys import GROUP
+from wakeful.store import Pointer, ReadAs, SendResult, TargetMissingError
 from wakeful.streamids import id_gt
 
 pytestmark = pytest.mark.anyio
@@ -305,6 +307,70 @@ async def test_an_idempotency_key_outlives_a_delete_so_a_retried_send_does_not_r
     assert again == SendResult(first.id, "", appended=False)
     assert await state(store, URL) == before
     assert await store.meta(URL) == {}
+
+
+# -- SEND_WAKE: a send that reads its partition's new pointers for the lease holder ----
+
+
+def one_redis(store) -> None:
+    if store.router is not None:
+        pytest.skip("on a cluster a send never reads (the doorbell wakes the reader)")
+
+
+async def test_a_send_read_as_the_lease_holder_brings_back_its_pointer_with_the_entity(store):
+    one_redis(store)
+    p, token = await lease(store, URL)
+    read_as = ReadAs(token, "w1", 32)
+    await store.append_input(URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as)
+    assert read_as.replied
+    [pointer] = read_as.read
+    assert isinstance(pointer, Pointer) and pointer.url == URL and pointer.preload is not None
+    assert pointer.preload.loaded.meta["woke"] == b"1"
+    assert [f[b"e"] for _, f in pointer.preload.loaded.entries] == [b"C", b"m1"]
+    assert await unacked(store, URL) == [pointer.entry_id]  # pending for w1 until a commit
+    assert await store.read_inbox([p], "w2", 100, 1) == []  # and no other reader gets it
+
+
+async def test_a_send_read_as_a_lease_no_longer_held_reads_nothing(store):
+    one_redis(store)
+    p, token = await lease(store, URL)
+    await take_over(store, p, token)
+    read_as = ReadAs(token, "w1", 32)
+    result = await store.append_input(
+        URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as
+    )
+    assert result.appended and read_as.replied and read_as.read == []
+    assert await read_pointer(store, URL, "heir")  # the new owner reads it
+
+
+async def test_a_refused_send_read_as_the_lease_holder_reads_nothing(store):
+    one_redis(store)
+    p = store.keys.partition(URL)
+    other = next(f"/t/b{n}" for n in range(1000) if store.keys.partition(f"/t/b{n}") == p)
+    await create(store, other, b"m")
+    _, token = await lease(store, URL)
+    read_as = ReadAs(token, "w1", 32)
+    with pytest.raises(TargetMissingError):
+        await store.append_input(URL, "t", created=b"C", mode="existing", read_as=read_as)
+    assert read_as.replied and read_as.read == []
+    assert await read_pointer(store, other)  # the neighbour's pointer is still new
+
+
+async def test_a_send_read_as_the_lease_holder_without_the_inbox_group_still_sends(store):
+    """The read fails (the group is gone: a Redis that lost it); the send stands, its
+    pointer is left to the worker's inbox read, which makes the group again."""
+    one_redis(store)
+    p, token = await lease(store, URL)
+    await store.redis.xgroup_destroy(store.keys.inbox(p), GROUP)
+    read_as = ReadAs(token, "w1", 32)
+    result = await store.append_input(
+        URL, "t", created=b"C", events=[("i", b"m1")], read_as=read_as
+    )
+    assert result.appended and read_as.replied and read_as.read == []
+    assert [e for _, e in await log(store, URL)] == [b"C", b"m1"]
+    read = await store.read_wake_pointers([p], "w1", 100, 1)  # makes the group again
+    read = read or await store.read_wake_pointers([p], "w1", 100, 1)
+    assert [ptr.url for ptr in read] == [URL]
 
 
 # -- LOAD ------------------------------------------------------------------------------

@@ -93,8 +93,9 @@ async def test_a_cancel_heard_after_the_preloading_read_reaches_the_wake():
         runners.adopt(0)
         runners.schedule(Pointer(0, "1-0", "/a/busy"))
         await asyncio.sleep(0.01)
-        runners.reading([0])  # the read is sent: the preload is read now
-        runners.schedule(Pointer(0, "2-0", "/a/x", preload))
+        mark = runners.reading([0])  # the read is sent: the preload is read now
+        runners.schedule(Pointer(0, "2-0", "/a/x", preload), mark)
+        runners.read_done(mark)
         await asyncio.sleep(0.01)  # /a/x waits for the slot
         runners.cancel("/a/x", "stop")  # rt.cancel: its input is after the preload
         gate.set()

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.faults import SimulatedCrash, lapse_soon
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
+from wakeful.errors import ReplicaWaitError
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
-from wakeful.store import Loaded, Pointer, Preloaded
+from wakeful.store import SEND_WAKE, Loaded, Pointer, Preloaded, Script
 from wakeful.ticket import WakeTicket
 
 pytestmark = pytest.mark.anyio
@@ -307,20 +310,181 @@ async def test_a_preload_read_while_the_entity_woke_here_or_the_lease_moved_is_n
     async with asyncio.TaskGroup() as group:
         runners.open(group)
         runners.adopt(0)
-        runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
-        runners.schedule(Pointer(0, "1-0", "/notes/x", preload))
+        mark = runners.reading([0])  # a read is sent; nothing woke the entity since: fresh
+        runners.schedule(Pointer(0, "1-0", "/notes/x", preload), mark)
+        runners.read_done(mark)
         await runners.idle.wait()
-        runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
+        mark = runners.reading([0])  # a read is sent, and the entity wakes meanwhile (swept)
         runners.schedule(Pointer(0, "2-0", "/notes/x"))
         await runners.idle.wait()
-        runners.schedule(Pointer(0, "3-0", "/notes/x", preload))  # the read returns: stale
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload), mark)  # it returns: stale
+        runners.read_done(mark)
         await runners.idle.wait()
-        runners.reading([0])  # a read is sent, and the lease is lost and taken again
+        mark = runners.reading([0])  # a read is sent, and the lease is lost and taken again
         lease[0] = "t2"
-        runners.schedule(Pointer(0, "4-0", "/notes/y", preload))
+        runners.schedule(Pointer(0, "4-0", "/notes/y", preload), mark)
+        runners.read_done(mark)
         await runners.idle.wait()
         runners.close()
     assert seen == [preload, None, None, None]
+
+
+async def test_each_read_in_flight_keeps_its_own_mark():
+    """The inbox read and the reads deliveries make with their sends are in flight at
+    once: a read sent after an activation ended may use what it brought, while one sent
+    before it may not, whatever returned in between, and however many entries the
+    runners prune meanwhile."""
+    preload = Preloaded(Loaded({}, None, None, []), truncated=False)
+    seen: list[Preloaded | None] = []
+
+    async def activate(ticket: WakeTicket) -> None:
+        seen.append(ticket.preload)
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    cache = WarmCache(10, lambda url: None)
+    runners = Runners(Settings(), "w", cache, {}, lambda p: "t1", activate, crashed)
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        blocking = runners.reading([0])  # the inbox read, blocked
+        runners.schedule(Pointer(0, "1-0", "/notes/x"))  # swept: /notes/x wakes here
+        await runners.idle.wait()
+        delivery = runners.reading([0])  # a delivery's send, after that wake
+        runners.schedule(Pointer(0, "2-0", "/notes/x", preload), delivery)
+        runners.read_done(delivery)
+        await runners.idle.wait()
+        for n in range(10_000):  # other entities' wakes, and a read that returns: a prune
+            runners.cancel(f"/notes/other{n}", "stop")
+        runners.read_done(runners.reading([0]))
+        runners.schedule(Pointer(0, "3-0", "/notes/x", preload), blocking)  # stale
+        runners.read_done(blocking)
+        await runners.idle.wait()
+        runners.close()
+    assert seen == [None, preload, None]
+
+
+async def test_a_delivery_to_a_partition_held_here_wakes_its_target_without_a_load(cluster):
+    """A send a wake's delivery makes to an entity whose partition this worker holds
+    reads the pointer it adds in the same script (SEND_WAKE), with the target's metadata
+    and log tail: the target's wake loads nothing, and no inbox read is needed."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    assert rt.worker is not None and rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads (the doorbell wakes the reader)")
+    loaded: list[str] = []
+    load = rt.store.load
+
+    async def counting(url: str, after: str | None, page: int = 1000) -> Loaded:
+        loaded.append(url)
+        return await load(url, after, page)
+
+    rt.store.load = counting  # type: ignore[method-assign]
+    for n in range(5):
+        await rt.send(SENDER, n)
+        assert (await rt.wait_idle(SENDER)).status == "idle"
+        assert (await rt.wait_idle(TARGET)).status == "idle"
+    assert seen == [0, 1, 2, 3, 4]
+    assert TARGET not in loaded, loaded
+    assert rt.worker.stats["local_reads"] == 5
+
+
+async def test_a_send_reads_only_for_a_partition_this_worker_reads(cluster):
+    """A delivery's send reads its target's pointers only where the inbox reader would
+    read them: a held, valid lease not being handed over, a subscribed cancel channel
+    (a wake must not start before), room in the backlog, a worker not stopping."""
+    rt = await cluster.runtime(app([]))
+    assert rt.worker is not None and rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    listeners, runners = rt.worker.listeners, rt.worker.runners
+    p = rt.store.keys.partition(TARGET)
+    await until(lambda: _true(listeners.cancels.hears(p)), 20, "the cancel channel")
+
+    def reads() -> bool:
+        read = listeners.local_read(p)
+        if read is not None:
+            runners.read_done(read.mark)
+        return read is not None
+
+    assert reads()
+    lease = rt.worker.leases[p]
+    lease.draining = True  # being handed over
+    assert not reads()
+    lease.draining = False
+    valid_until, lease.valid_until = lease.valid_until, 0.0  # lapsed here
+    assert not reads()
+    lease.valid_until = valid_until
+    listeners.cancels._held.discard(p)  # its cancel channel not subscribed yet
+    assert not reads()
+    listeners.cancels._held.add(p)
+    runners._tracked[p].update(f"{n}-0" for n in range(rt.settings.max_concurrency * 4))
+    assert not reads()  # the backlog is full
+    runners._tracked[p].clear()
+    assert reads()
+    listeners.stop_reading()
+    assert not reads()
+
+
+def after_send_wake(rt: Runtime, failure: Callable[[Any], BaseException]) -> list[int]:
+    """Make the first SEND_WAKE of ``rt``'s store run and then raise ``failure(reply)``;
+    returns the partitions the runners strand from then on."""
+    assert rt.store is not None and rt.worker is not None
+    run, strand = rt.store._run, rt.worker.runners.strand
+    stranded: list[int] = []
+    failed: list[bool] = []
+
+    async def failing(script: Script, keys: list[str], args: list[Any], **kw: Any) -> Any:
+        reply = await run(script, keys, args, **kw)
+        if script is SEND_WAKE and not failed:
+            failed.append(True)
+            raise failure(reply)
+        return reply
+
+    def stranding(partition: int) -> None:
+        stranded.append(partition)
+        strand(partition)
+
+    rt.store._run = failing  # type: ignore[method-assign]
+    rt.worker.runners.strand = stranding  # type: ignore[method-assign]
+    return stranded
+
+
+async def test_a_send_whose_reply_is_lost_leaves_what_it_read_to_the_sweep(cluster):
+    """The script ran and read the target's pointer for this worker, but its reply
+    never came (a connection lost): the pointer is pending here, unscheduled. The
+    partition is stranded, and the worker's own sweep wakes the target a lease period
+    later; the redelivery of the outbox is deduplicated."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
+    assert rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    stranded = after_send_wake(rt, lambda reply: RedisConnectionError("the reply was lost"))
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
+    assert seen == ["hello"]
+    assert stranded == [rt.store.keys.partition(TARGET)]
+
+
+async def test_a_send_applied_with_too_few_replicas_schedules_what_it_read(cluster):
+    """The script ran and its reply came, with too few replicas confirming it
+    (ReplicaWaitError): what it read is scheduled at once, not left to a sweep."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=60_000)
+    assert rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster a send never reads")
+    stranded = after_send_wake(rt, lambda reply: ReplicaWaitError("SEND_WAKE", 0, 1, 10, reply))
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER, timeout=20)).status == "idle"
+    assert (await rt.wait_idle(TARGET, timeout=20)).status == "idle"
+    assert seen == ["hello"]
+    assert stranded == []
 
 
 async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_none():
