@@ -359,7 +359,13 @@ class ToolCalls:
         ]
         if new_intents:
             await self._journal(ToolIntent(run_id=run_id, calls=new_intents))
-        await self._race(all_of([self._execute(run_id, c, t, p) for c, t, p in to_run]))
+
+        async def run_all() -> None:
+            # The calls' coroutines are made inside the race's task: a task cancelled
+            # before its first step (the worker killed) leaves none of them unawaited.
+            await all_of([self._execute(run_id, c, t, p) for c, t, p in to_run])
+
+        await self._race(run_all())
 
     @tracing.tool_call
     @metrics.tool_call
