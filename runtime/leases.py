@@ -327,11 +327,13 @@ class LeaseKeeper:
         self.held[partition] = Lease(token, started + ttl_ms / 1000)
         self.user.adopt(partition)
         log.info("worker %s acquired partition %d (%s)", self.worker_id, partition, token)
+        # Once more a lease period on: a pointer its previous owner read after this
+        # claim (a zombie's read in flight) is idle by then, and taken; and so is one
+        # this claim took over if it fails here (Redis may have applied it, its reply
+        # lost). Scheduled first, so that a failure below cannot skip it.
+        self._sweep_at[partition] = time.monotonic() + ttl_ms / 1000
         await self.store.ensure_group(partition)
         await self._take_pending(partition, 0)
-        # Once more a lease period on: a pointer its previous owner read after this
-        # claim (a zombie's read in flight) is idle by then, and taken.
-        self._sweep_at[partition] = time.monotonic() + ttl_ms / 1000
         return True
 
     async def _hand_over(self, desired: set[int]) -> bool:
@@ -382,6 +384,9 @@ class LeaseKeeper:
                     partition,
                     exc,
                 )
+                # Again a lease period on: a claim Redis applied without its reply
+                # reaching here made the pointers it took look fresh (idle 0).
+                self._sweep_at[partition] = time.monotonic() + ttl_ms / 1000
                 continue
             del self._sweep_at[partition]
 

@@ -125,9 +125,14 @@ class Listeners:
             try:
                 await self.cancels.sync()  # before a wake of a new partition can start
                 pointers = await self.store.read_wake_pointers(
-                    partitions, self.worker_id, s.read_count, s.block_ms
+                    partitions, self.worker_id, s.read_count, s.block_ms, self.runners.strand
                 )
             except TRANSIENT_ERRORS as exc:
+                # Redis may have served the read and lost its reply (it died, or the
+                # connection broke, in between): its pointers are pending here, and
+                # nobody else claims them from a live worker. Sweep them later.
+                for partition in partitions:
+                    self.runners.strand(partition)
                 self.runners.read_done(mark)
                 log.warning("worker %s: inbox read failed: %s", self.worker_id, exc)
                 await anyio.sleep(0.2)
@@ -215,6 +220,8 @@ class Listeners:
         try:
             await self.leases.quarantine(bad)
         except TRANSIENT_ERRORS as exc:  # it stays pending: a later sweep meets it again
+            if bad.kind == "pointer":
+                self.runners.strand(bad.partition)
             log.warning(
                 "worker %s: moving %s aside failed: %s", self.worker_id, bad.describe(), exc
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -846,7 +846,12 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
                 raise
 
     async def read_inbox(
-        self, partitions: list[int], consumer: str, count: int, block_ms: int
+        self,
+        partitions: list[int],
+        consumer: str,
+        count: int,
+        block_ms: int,
+        unsure: Callable[[int], None] = lambda partition: None,
     ) -> list[Pointer | BadItem]:
         """New wake pointers of ``partitions``, blocking up to ``block_ms`` for one.
 
@@ -854,11 +859,17 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         metadata and log tails (the WAKES script: the read and the wakes' loads in one
         round trip); only when there are none does it block, with a plain XREADGROUP.
         The WAKES read is tried only after a read that found pointers: an idle worker
-        only blocks (one command per block), since WAKES is a script call per partition."""
+        only blocks (one command per block), since WAKES is a script call per partition.
+
+        A read that fails may still have been served (Redis read the pointers for
+        ``consumer`` and the reply was lost): a failure of the whole read raises, and
+        each partition whose read failed while the others' went through is passed to
+        ``unsure``. Either way the caller must sweep those partitions' pending pointers
+        later, or they stay pending for a live consumer that never saw them."""
         if self.router is not None:
-            return await self._read_inboxes_by_node(partitions, consumer, count, block_ms)
+            return await self._read_inboxes_by_node(partitions, consumer, count, block_ms, unsure)
         if self._inbox_busy:
-            preloaded = await self._read_preloaded(partitions, consumer, count)
+            preloaded = await self._read_preloaded(partitions, consumer, count, unsure)
             if preloaded:
                 return preloaded
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
@@ -878,7 +889,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         ]
 
     async def _read_preloaded(
-        self, partitions: list[int], consumer: str, count: int
+        self, partitions: list[int], consumer: str, count: int, unsure: Callable[[int], None]
     ) -> list[Pointer | BadItem]:
         """The WAKES script, one call per partition (a script touches one slot) in one
         round trip: the pointers there are now, each with its entity's metadata and log
@@ -906,6 +917,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             elif len(failed) == len(partitions):
                 raise exc
             else:
+                unsure(partition)
                 self._read_failures.report(
                     f"reading the inbox of partition {partition} failed ({exc}); "
                     "the other partitions are read on"
@@ -930,7 +942,12 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         return out
 
     async def _read_inboxes_by_node(
-        self, partitions: list[int], consumer: str, count: int, block_ms: int
+        self,
+        partitions: list[int],
+        consumer: str,
+        count: int,
+        block_ms: int,
+        unsure: Callable[[int], None],
     ) -> list[Pointer | BadItem]:
         """On a cluster: one XREADGROUP per partition (a read of several slots is
         CROSSSLOT even on one node), one pipeline per master, the masters in parallel.
@@ -964,6 +981,8 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             if failed:
                 if len(failed) == len(partitions):
                     raise failed[0][1]
+                for p, _ in failed:
+                    unsure(p)
                 self._read_failures.report(
                     f"reading the inboxes of partitions {sorted(p for p, _ in failed)} failed "
                     f"({failed[0][1]}); the other partitions are read on"
@@ -1008,12 +1027,17 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         return bool(await self.redis.hexists(self.keys.types, type_name))
 
     async def read_wake_pointers(
-        self, partitions: list[int], consumer: str, count: int, block_ms: int
+        self,
+        partitions: list[int],
+        consumer: str,
+        count: int,
+        block_ms: int,
+        unsure: Callable[[int], None] = lambda partition: None,
     ) -> list[Pointer | BadItem]:
         """:meth:`read_inbox`; if Redis lost a consumer group (a restart without
         persistence), recreate the groups and return no pointers (the caller reads again)."""
         try:
-            return await self.read_inbox(partitions, consumer, count, block_ms)
+            return await self.read_inbox(partitions, consumer, count, block_ms, unsure)
         except ResponseError as exc:
             if not lost_group(exc):
                 raise

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.apps.harness import until
 from wakeful import HandlerContext, Registry
+from wakeful.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +110,129 @@ async def test_an_idle_keyspace_has_empty_inboxes(cluster):
     await until(inboxes_empty, 30, "every inbox to be empty once the keyspace is idle")
     echoes = [(await rt.status(f"{u}-echo")).status for u in urls[2:]]
     assert echoes == ["idle"] * len(urls[2:])
+
+
+def lose_first_read_reply(rt, url: str) -> list[int]:
+    """Make the worker's first inbox read that brings ``url``'s pointer run on the
+    server and then raise a connection error, as when Redis served the read and died (or the
+    connection broke) before its reply came: the pointers are pending for this worker,
+    which never saw them. Returns the partitions the runners strand from then on."""
+    store, runners = rt.worker.listeners.store, rt.worker.runners
+    read, strand = store.read_wake_pointers, runners.strand
+    stranded: list[int] = []
+    lost: list[bool] = []
+
+    async def losing(partitions, consumer, count, block_ms, *args, **kwargs):
+        pointers = await read(partitions, consumer, count, block_ms, *args, **kwargs)
+        if not lost and any(getattr(p, "url", None) == url for p in pointers):
+            lost.append(True)
+            raise RedisConnectionError("Connection closed by server.")
+        return pointers
+
+    def stranding(partition: int) -> None:
+        stranded.append(partition)
+        strand(partition)
+
+    store.read_wake_pointers = losing
+    runners.strand = stranding
+    return stranded
+
+
+@pytest.mark.parametrize("sweep", ["answered", "its reply lost too"])
+async def test_an_inbox_read_whose_reply_is_lost_wakes_its_entities_later(cluster, sweep):
+    """A read the server served but whose reply never came leaves the pointers pending
+    for this (live) worker, which keeps its lease: nobody else claims them. The read's
+    partitions are stranded, so the worker's own sweep takes them a lease period later
+    and the entity wakes; before, it stayed pending for good (the chaos run's lost
+    messages after a Redis restart). A sweep whose claim loses its reply the same way
+    (the pointers it took look fresh then) sweeps again a lease period later."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
+    keeper = rt.worker.lease_keeper
+    # Past the sweep a lease period after each acquisition, which would hide the loss.
+    await until(lambda: _true(keeper.held and not keeper._sweep_at), 30, "the first sweeps")
+    stranded = lose_first_read_reply(rt, "/sink/a")
+    lost_claims: list[int] = []
+    if sweep == "its reply lost too":
+        claim = keeper.store.claim_pending
+
+        async def losing(partition: int, *args: object, **kwargs: object) -> list:
+            pointers = await claim(partition, *args, **kwargs)  # type: ignore[arg-type]
+            if pointers and not lost_claims:
+                lost_claims.append(partition)
+                raise RedisConnectionError("Connection closed by server.")
+            return pointers
+
+        keeper.store.claim_pending = losing
+    await rt.send("/sink/first", "ends the read in flight, which is not watched")
+    await rt.wait_idle("/sink/first", timeout=30)
+    await rt.send("/sink/a", "hello")
+    assert (await rt.wait_idle("/sink/a", timeout=30)).status == "idle"
+    assert seen[1:] == ["hello"]
+    p = rt.store.keys.partition("/sink/a")
+    assert p in stranded
+    assert lost_claims == ([p] if sweep == "its reply lost too" else [])
+
+
+async def test_a_claim_whose_reply_is_lost_at_acquisition_is_swept_again(cluster, monkeypatch):
+    """The claim that takes over a dead owner's pending pointers when a partition is
+    acquired ran on the server, but its reply never came (Redis died or the connection
+    broke in between): the pointers are pending for the new owner, idle 0, and it
+    never saw them. A sweep a lease period later takes them; before, nothing did and
+    the entity stayed pending for as long as the new owner lived."""
+    seen: list[object] = []
+    client = await cluster.runtime(app(seen), run_worker=False)
+    store = client.store
+    p = store.keys.partition("/sink/a")
+    await store.ensure_group(p)
+    await client.send("/sink/a", "hello")
+    assert await store.read_inbox([p], "a-dead-worker", 10, 100)  # its read, never acked
+    claim = Store.claim_pending
+    lost: list[int] = []
+
+    async def losing(self: Store, partition: int, *args: object, **kwargs: object) -> list:
+        pointers = await claim(self, partition, *args, **kwargs)  # type: ignore[arg-type]
+        if pointers and not lost:
+            lost.append(partition)
+            raise RedisConnectionError("Connection closed by server.")
+        return pointers
+
+    monkeypatch.setattr(Store, "claim_pending", losing)
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
+    assert (await rt.wait_idle("/sink/a", timeout=30)).status == "idle"
+    assert seen == ["hello"]
+    assert lost == [p]
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
+async def test_a_cluster_node_whose_read_may_have_been_served_is_named_for_a_sweep(cluster):
+    """On a cluster, one partition's XREADGROUP ran but its reply was lost (a node's
+    connection broken in between) while the others' came: the others' pointers are
+    returned and that partition is passed to ``unsure``, for the listener to strand."""
+    client = await cluster.runtime(run_worker=False)
+    store = client.store
+    if store.router is None:
+        pytest.skip("one Redis reads all its partitions in one command")
+    keys = store.keys
+    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
+    first, second = sorted(urls)[:2]
+    for p in (first, second):
+        await store.ensure_group(p)
+        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    per_node = store.router.per_node
+
+    async def losing(by_partition, command):
+        replies = await per_node(by_partition, command)
+        if second in replies:
+            replies[second] = RedisConnectionError("Connection closed by server.")
+        return replies
+
+    store.router.per_node = losing
+    unsure: list[int] = []
+    read = await store.read_wake_pointers([first, second], "me", 10, 0, unsure.append)
+    assert [p.url for p in read] == [urls[first]]
+    assert unsure == [second]
+    assert (await store.redis.xpending(keys.inbox(second), "workers"))["pending"] == 1

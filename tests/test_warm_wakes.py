@@ -536,3 +536,36 @@ async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(
     assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
     again = await store.read_wake_pointers([first, second], "me", 10, 0)
     assert [p.url for p in again if isinstance(p, Pointer)] == [urls[second]]
+
+
+async def test_a_partition_whose_read_may_have_been_served_is_named_for_a_sweep(cluster):
+    """One partition's WAKES script ran but its reply was lost (a connection broken in
+    between), while the other's came: the other's pointer is returned, and the first
+    partition is passed to ``unsure``, since its pointer is now pending for this
+    consumer, which never saw it (the listener strands it, for the lease keeper's
+    sweep)."""
+    rt = await cluster.runtime(run_worker=False)
+    store = rt.store
+    assert store is not None
+    if store.router is not None:
+        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    keys = store.keys
+    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
+    first, second = sorted(urls)[:2]
+    for p in (first, second):
+        await store.ensure_group(p)
+        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    run = store._run
+
+    async def losing(script: Script, keys_: list[str], args: list[Any], **kw: Any) -> Any:
+        reply = await run(script, keys_, args, **kw)
+        if keys_ == [keys.inbox(second)]:
+            raise RedisConnectionError("Connection closed by server.")
+        return reply
+
+    store._run = losing  # type: ignore[method-assign]
+    unsure: list[int] = []
+    read = await store.read_wake_pointers([first, second], "me", 10, 0, unsure.append)
+    assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
+    assert unsure == [second]
+    assert (await store.redis.xpending(keys.inbox(second), GROUP))["pending"] == 1
