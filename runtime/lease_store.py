@@ -11,6 +11,7 @@ leases and fencing".
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 from collections.abc import Sequence
 
@@ -18,13 +19,25 @@ from .keys import GROUP
 from .script_runner import FIRST_DUE, RENEW, RENEW_ALL, REQUEUE, ScriptRunner
 
 
+class Renewal(enum.IntEnum):
+    """A lease renewal's answer (true when renewed)."""
+
+    LOST = 0
+    RENEWED = 1
+    # Renewed, and the partition's inbox holds a pointer pending for another consumer:
+    # nobody will process it unless the owner claims it (see lua.py, others_pending).
+    ORPHANS = 2
+
+
 class LeaseStore(ScriptRunner):
     """Leases renewed, due times read and stray pointers put back, per partition each."""
 
     async def renew_all(
-        self, leases: Sequence[tuple[int, str]], ttl_ms: int
-    ) -> list[bool | Exception]:
-        """Renew each ``(partition, token)``: whether each one was still held, in order.
+        self, leases: Sequence[tuple[int, str]], ttl_ms: int, consumer: str = ""
+    ) -> list[Renewal | Exception]:
+        """Renew each ``(partition, token)``: whether each one was still held, in order;
+        with ``consumer`` (the renewing worker), :attr:`Renewal.ORPHANS` for a renewed
+        one whose inbox holds a pointer pending for another consumer.
 
         One script call on one node (an error fails them all: it is one server). On a
         cluster one RENEW per lease, sent concurrently (each goes to its master,
@@ -32,16 +45,23 @@ class LeaseStore(ScriptRunner):
         fails gets its exception in its place, and the others are renewed."""
         if not leases:
             return []
+        k = self.keys
         if self.router is None:
-            keys = [self.keys.lease(p) for p, _ in leases]
-            reply = await self._run(RENEW_ALL, keys, [ttl_ms, *(t for _, t in leases)])
-            return [bool(int(r)) for r in reply]
+            keys = [k.lease(p) for p, _ in leases]
+            if consumer:
+                keys += [k.inbox(p) for p, _ in leases]
+            args = [ttl_ms, GROUP, consumer, *(t for _, t in leases)]
+            reply = await self._run(RENEW_ALL, keys, args)
+            return [Renewal(int(r)) for r in reply]
 
-        async def renew(partition: int, token: str) -> bool:
-            return bool(await self._run(RENEW, [self.keys.lease(partition)], [token, ttl_ms]))
+        async def renew(partition: int, token: str) -> Renewal:
+            if not consumer:
+                return Renewal(int(await self._run(RENEW, [k.lease(partition)], [token, ttl_ms])))
+            keys = [k.lease(partition), k.inbox(partition)]
+            return Renewal(int(await self._run(RENEW, keys, [token, ttl_ms, GROUP, consumer])))
 
         results = await asyncio.gather(*(renew(p, t) for p, t in leases), return_exceptions=True)
-        out: list[bool | Exception] = []
+        out: list[Renewal | Exception] = []
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, Exception):
                 raise result  # cancelled

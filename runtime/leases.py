@@ -40,6 +40,7 @@ import anyio
 from . import metrics
 from .config import Settings
 from .errors import RedisFullError
+from .lease_store import Renewal
 from .store import TRANSIENT_ERRORS, BadItem, Pointer, Store
 
 log = logging.getLogger("wakeful.leases")
@@ -118,6 +119,7 @@ class LeaseKeeper:
         self._acquired_pending = False
         self.ready = asyncio.Event()  # set after the first successful tick
         self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
+        self._orphaned: set[int] = set()  # another consumer's pointers pending (renewal)
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
         self._failing: str | None = None  # the cause of the failing ticks, while they fail
         self._said: dict[str, str] = {}  # topic -> the failure last warned of (_warn_once)
@@ -231,6 +233,7 @@ class LeaseKeeper:
         self._acquired_pending = self._acquired_pending or acquired
         await self._after_acquired()
         changed = await self._hand_over(desired) or changed
+        await self._take_orphans()
         await self._sweep()
         if changed:
             self._changed()
@@ -261,7 +264,9 @@ class LeaseKeeper:
         held = list(self.held.items())
         started = time.monotonic()
         try:
-            results = await self.store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
+            results = await self.store.renew_all(
+                [(p, lease.token) for p, lease in held], ttl_ms, self.worker_id
+            )
         except Exception as exc:  # one node, one call: none of them went through
             self._warn_once(
                 "renew", exc, "worker %s: renewing its leases failed: %s", self.worker_id, exc
@@ -286,6 +291,8 @@ class LeaseKeeper:
             answered = True
             if result:
                 lease.extend(started + ttl_ms / 1000)
+                if result is Renewal.ORPHANS:
+                    self._orphaned.add(partition)
             elif self.held.get(partition) is lease:
                 self.lose(partition, "lease lost")
                 lost = True
@@ -389,6 +396,33 @@ class LeaseKeeper:
                 self._sweep_at[partition] = time.monotonic() + ttl_ms / 1000
                 continue
             del self._sweep_at[partition]
+
+    async def _take_orphans(self) -> None:
+        """Claim the pointers the renewal found pending for another consumer in a held
+        partition's inbox: no other worker will process them (see lua.py,
+        ``others_pending``). Taken whatever their idle time: one still in flight to a
+        worker whose lease ended is fenced there, and an entity's wake is idempotent.
+        One whose claim fails is found again by the next renewal."""
+        orphaned, self._orphaned = self._orphaned, set()
+        for partition in sorted(orphaned):
+            lease = self.held.get(partition)
+            if lease is None or lease.draining:
+                continue
+            log.info(
+                "worker %s: partition %d's inbox holds pointers pending for another worker "
+                "(read after its lease ended, and never put back): taking them over",
+                self.worker_id,
+                partition,
+            )
+            try:
+                await self._take_pending(partition, 0)
+            except TRANSIENT_ERRORS as exc:
+                log.warning(
+                    "worker %s: taking over the pointers of partition %d failed: %s",
+                    self.worker_id,
+                    partition,
+                    exc,
+                )
 
     async def _take_pending(self, partition: int, min_idle_ms: int) -> None:
         """Schedule the partition's pending pointers idle for ``min_idle_ms``; move a bad

@@ -555,17 +555,42 @@ redis.call('SET', lease, token, 'PX', ttl_ms)
 return token
 """
 
-# -> 1 renewed | 0 lost
-RENEW = """
+# Whether a partition inbox holds pointers pending for a consumer other than ``me``.
+# For the inbox of a partition ``me`` holds, that is a pointer nobody will process: a
+# read another worker sent before its lease ended, served after this worker's
+# acquisition claimed the inbox (its process paused between the two, say), and not
+# put back (it died, or Redis refused the put-back). The renewal reports it, and the
+# owner claims it (leases.py). A missing inbox or group holds nothing.
+_OTHERS_PENDING = """
+local function others_pending(inbox, group, me)
+  local summary = redis.pcall('XPENDING', inbox, group)
+  if type(summary) ~= 'table' or summary.err or type(summary[4]) ~= 'table' then
+    return false
+  end
+  for _, consumer in ipairs(summary[4]) do
+    if consumer[1] ~= me then return true end
+  end
+  return false
+end
+"""
+
+# KEYS[2] and ARGV[3..4] are optional: with them, a renewed lease whose inbox holds a
+# pointer pending for another consumer answers 2 (see others_pending).
+# -> 2 renewed, another consumer's pointers pending | 1 renewed | 0 lost
+RENEW = (
+    _OTHERS_PENDING
+    + """
 local lease = KEYS[1]       -- the partition lease
 local token = ARGV[1]
 local ttl_ms = ARGV[2]
 if redis.call('GET', lease) == token then
   redis.call('PEXPIRE', lease, ttl_ms)
+  if KEYS[2] and others_pending(KEYS[2], ARGV[3], ARGV[4]) then return 2 end
   return 1
 end
 return 0
 """
+)
 
 # -> 1 released | 0 not ours
 RELEASE = """
@@ -581,20 +606,30 @@ return 0
 # The single-node form of RENEW for every lease a worker holds: one call a tick, each
 # lease renewed or not on its own (a reply per lease, in order). Its keys span slots,
 # so it is never sent to a Redis Cluster (there each lease is renewed by RENEW on its
-# master, pipelined per master). -> {1 renewed | 0 lost, ...}
-RENEW_ALL = """
+# master, pipelined per master). With a consumer (ARGV[3]), KEYS holds the n leases
+# and then their n inboxes, and a renewed lease whose inbox holds another consumer's
+# pending pointer answers 2 (see others_pending).
+# -> {2 renewed, another consumer's pointers pending | 1 renewed | 0 lost, ...}
+RENEW_ALL = (
+    _OTHERS_PENDING
+    + """
 local ttl_ms = ARGV[1]
+local group = ARGV[2]       -- the inbox consumer group
+local me = ARGV[3]          -- the renewing worker ('' = do not look at the inboxes)
+local n = #ARGV - 3         -- then the n tokens, in the order of the leases
 local out = {}
-for i, lease in ipairs(KEYS) do  -- KEYS[i]: a partition lease; ARGV[i + 1]: its token
-  if redis.call('GET', lease) == ARGV[i + 1] then
-    redis.call('PEXPIRE', lease, ttl_ms)
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 3] then
+    redis.call('PEXPIRE', KEYS[i], ttl_ms)
     out[i] = 1
+    if me ~= '' and others_pending(KEYS[n + i], group, me) then out[i] = 2 end
   else
     out[i] = 0
   end
 end
 return out
 """
+)
 
 # The earliest due time (ms) of each sorted set in KEYS (a partition's timers and
 # schedules), '' for an empty one: the timer loop's safety-net read over every owned

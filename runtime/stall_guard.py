@@ -200,7 +200,7 @@ class StallGuard:
         started = time.monotonic()
         results = await store.renew_all([(p, lease.token) for p, lease in held], ttl_ms)
         for (_, lease), renewed in zip(held, results, strict=True):
-            if renewed is True:
+            if not isinstance(renewed, Exception) and renewed:
                 lease.extend(started + ttl_ms / 1000)
                 self.renewals += 1
         # A lease found lost is left to the worker's own tick, which drops it.

@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from tests.script_helpers import take_over
+from wakeful.lease_store import Renewal
 
 pytestmark = pytest.mark.anyio
 
@@ -157,6 +158,31 @@ async def test_renew_all_renews_each_lease_on_its_own_in_one_call(store):
     assert await store.redis.get(k.lease(2)) == theirs.encode()
     assert await store.redis.exists(k.lease(3)) == 0  # no lease is made
     assert await store.renew_all([], 60_000) == []
+
+
+async def test_renew_all_names_a_held_inbox_with_another_workers_pending_pointer(store):
+    """With the renewing worker named, a renewed lease whose inbox holds a pointer
+    pending for another consumer answers ORPHANS; its own pending pointers, an inbox
+    without a group, and a lease it lost do not."""
+    k = store.keys
+    tokens = [await store.acquire(p, "w1", 1000) for p in (0, 1, 2)]
+    assert None not in tokens
+    for p in (0, 1):
+        await store.ensure_group(p)
+        await store.redis.xadd(k.inbox(p), {"u": f"/a/{p}"})
+    assert await store.read_inbox([0], "w2", 10, 10)  # another worker's read
+    assert await store.read_inbox([1], "w1", 10, 10)  # its own
+    leases = [(0, tokens[0]), (1, tokens[1]), (2, tokens[2]), (3, "w1:1")]
+    answers = await store.renew_all(leases, 60_000, "w1")
+    assert answers == [Renewal.ORPHANS, Renewal.RENEWED, Renewal.RENEWED, Renewal.LOST]
+    for p in (0, 1, 2):
+        assert 1000 < await store.redis.pttl(k.lease(p)) <= 60_000
+    # Without a consumer it only renews.
+    assert await store.renew_all(leases, 60_000) == [True, True, True, False]
+    await store.redis.xack(
+        k.inbox(0), "workers", *[e[0] for e in await store.redis.xrange(k.inbox(0))]
+    )
+    assert (await store.renew_all(leases, 60_000, "w1"))[0] is Renewal.RENEWED
 
 
 async def test_first_due_answers_the_earliest_timer_and_schedule_of_each_partition(store):

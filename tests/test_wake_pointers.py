@@ -236,3 +236,32 @@ async def test_a_cluster_node_whose_read_may_have_been_served_is_named_for_a_swe
     assert [p.url for p in read] == [urls[first]]
     assert unsure == [second]
     assert (await store.redis.xpending(keys.inbox(second), "workers"))["pending"] == 1
+
+
+async def test_a_pointer_another_worker_read_late_is_taken_over_by_the_owner(cluster):
+    """Another worker's read reached Redis after this worker acquired the partition
+    (it was paused between checking its lease and sending the read, say) and that
+    worker died before putting the pointer back: it is pending for a consumer that will
+    never process it, and the acquisition's sweeps are long past. The owner's renewal
+    finds it, and the owner takes it over; before, the entity stayed pending for as
+    long as the owner held the partition."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
+    keeper, store = rt.worker.lease_keeper, rt.worker.listeners.store
+    await until(lambda: _true(keeper.held and not keeper._sweep_at), 30, "the first sweeps")
+    read, at_gate, gate = store.read_wake_pointers, asyncio.Event(), asyncio.Event()
+
+    async def gated(*args, **kwargs):
+        at_gate.set()
+        await gate.wait()
+        return await read(*args, **kwargs)
+
+    store.read_wake_pointers = gated
+    await asyncio.wait_for(at_gate.wait(), 30)  # the worker has no read in flight now
+    await rt.send("/sink/a", "hello")
+    p = rt.store.keys.partition("/sink/a")
+    [late] = await rt.store.read_inbox([p], "a-worker-that-died", 10, 0)
+    assert late.url == "/sink/a"
+    gate.set()
+    assert (await rt.wait_idle("/sink/a", timeout=30)).status == "idle"
+    assert seen == ["hello"]
