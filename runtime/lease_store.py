@@ -11,22 +11,35 @@ leases and fencing".
 from __future__ import annotations
 
 import asyncio
-import enum
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from .keys import GROUP
 from .script_runner import FIRST_DUE, RENEW, RENEW_ALL, REQUEUE, ScriptRunner
 
 
-class Renewal(enum.IntEnum):
-    """A lease renewal's answer (true when renewed)."""
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """A lease renewal's answer (true when the lease was still held and is renewed),
+    and, when the renewing worker asked, how many pointers of the partition's inbox
+    are pending for it and for other consumers (see ``LeaseKeeper._reconcile``)."""
 
-    LOST = 0
-    RENEWED = 1
-    # Renewed, and the partition's inbox holds a pointer pending for another consumer:
-    # nobody will process it unless the owner claims it (see lua.py, others_pending).
-    ORPHANS = 2
+    held: bool
+    own_pending: int = 0
+    others_pending: int = 0
+
+    def __bool__(self) -> bool:
+        return self.held
+
+    @classmethod
+    def parse(cls, reply: Any) -> Renewal:
+        """RENEW's or RENEW_ALL's answer for one lease: 1 or 0, or {held, own, others}."""
+        if isinstance(reply, list):
+            held, own, others = (int(x) for x in reply)
+            return cls(bool(held), own, others)
+        return cls(bool(int(reply)))
 
 
 class LeaseStore(ScriptRunner):
@@ -36,8 +49,8 @@ class LeaseStore(ScriptRunner):
         self, leases: Sequence[tuple[int, str]], ttl_ms: int, consumer: str = ""
     ) -> list[Renewal | Exception]:
         """Renew each ``(partition, token)``: whether each one was still held, in order;
-        with ``consumer`` (the renewing worker), :attr:`Renewal.ORPHANS` for a renewed
-        one whose inbox holds a pointer pending for another consumer.
+        with ``consumer`` (the renewing worker), also how many pointers of each renewed
+        partition's inbox are pending for it and for other consumers.
 
         One script call on one node (an error fails them all: it is one server). On a
         cluster one RENEW per lease, sent concurrently (each goes to its master,
@@ -52,13 +65,13 @@ class LeaseStore(ScriptRunner):
                 keys += [k.inbox(p) for p, _ in leases]
             args = [ttl_ms, GROUP, consumer, *(t for _, t in leases)]
             reply = await self._run(RENEW_ALL, keys, args)
-            return [Renewal(int(r)) for r in reply]
+            return [Renewal.parse(r) for r in reply]
 
         async def renew(partition: int, token: str) -> Renewal:
             if not consumer:
-                return Renewal(int(await self._run(RENEW, [k.lease(partition)], [token, ttl_ms])))
+                return Renewal.parse(await self._run(RENEW, [k.lease(partition)], [token, ttl_ms]))
             keys = [k.lease(partition), k.inbox(partition)]
-            return Renewal(int(await self._run(RENEW, keys, [token, ttl_ms, GROUP, consumer])))
+            return Renewal.parse(await self._run(RENEW, keys, [token, ttl_ms, GROUP, consumer]))
 
         results = await asyncio.gather(*(renew(p, t) for p, t in leases), return_exceptions=True)
         out: list[Renewal | Exception] = []

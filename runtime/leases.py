@@ -99,6 +99,9 @@ class PartitionUser(Protocol):
     def stranded(self) -> set[int]:
         """Partitions whose pointers a wake left pending unacknowledged, since last asked."""
 
+    def tracked(self, partition: int) -> int:
+        """How many of the partition's pointers are scheduled here and not yet done."""
+
 
 class LeaseKeeper:
     """The leases of one worker; :meth:`run` is its heartbeat loop."""
@@ -119,7 +122,7 @@ class LeaseKeeper:
         self._acquired_pending = False
         self.ready = asyncio.Event()  # set after the first successful tick
         self._sweep_at: dict[int, float] = {}  # partition -> when to sweep it again
-        self._orphaned: set[int] = set()  # another consumer's pointers pending (renewal)
+        self._pending: dict[int, Renewal] = {}  # the last renewal's pending counts
         self._live: list[str] = [worker_id]  # the workers the last heartbeat saw
         self._failing: str | None = None  # the cause of the failing ticks, while they fail
         self._said: dict[str, str] = {}  # topic -> the failure last warned of (_warn_once)
@@ -233,7 +236,7 @@ class LeaseKeeper:
         self._acquired_pending = self._acquired_pending or acquired
         await self._after_acquired()
         changed = await self._hand_over(desired) or changed
-        await self._take_orphans()
+        await self._reconcile()
         await self._sweep()
         if changed:
             self._changed()
@@ -291,8 +294,7 @@ class LeaseKeeper:
             answered = True
             if result:
                 lease.extend(started + ttl_ms / 1000)
-                if result is Renewal.ORPHANS:
-                    self._orphaned.add(partition)
+                self._pending[partition] = result
             elif self.held.get(partition) is lease:
                 self.lose(partition, "lease lost")
                 lost = True
@@ -397,31 +399,52 @@ class LeaseKeeper:
                 continue
             del self._sweep_at[partition]
 
-    async def _take_orphans(self) -> None:
-        """Claim the pointers the renewal found pending for another consumer in a held
-        partition's inbox: no other worker will process them (see lua.py,
-        ``others_pending``). Taken whatever their idle time: one still in flight to a
-        worker whose lease ended is fenced there, and an entity's wake is idempotent.
-        One whose claim fails is found again by the next renewal."""
-        orphaned, self._orphaned = self._orphaned, set()
-        for partition in sorted(orphaned):
+    async def _reconcile(self) -> None:
+        """Reconcile the pending pointers the renewal counted with the ones this worker
+        tracks, for each held partition (docs/design.md, "Pending pointers are
+        reconciled"):
+
+        * a pointer pending for another consumer is one nobody will process (a read
+          that reached Redis after this worker's acquisition claim, by a worker that
+          died before putting it back): taken over at once;
+        * more pointers pending for this worker than it tracks are reads whose reply
+          never came, or pointers a wake gave up: taken once idle for a lease period.
+
+        Each renewal looks again, so a claim that fails, or whose reply is lost (its
+        pointers then look fresh), is retried at a later tick: nothing is left to a
+        one-off sweep."""
+        pending, self._pending = self._pending, {}
+        ttl_ms = self.settings.lease_ttl_ms
+        for partition, renewal in sorted(pending.items()):
             lease = self.held.get(partition)
             if lease is None or lease.draining:
                 continue
-            log.info(
-                "worker %s: partition %d's inbox holds pointers pending for another worker "
-                "(read after its lease ended, and never put back): taking them over",
-                self.worker_id,
-                partition,
-            )
             try:
-                await self._take_pending(partition, 0)
-            except TRANSIENT_ERRORS as exc:
+                if renewal.others_pending:
+                    log.info(
+                        "worker %s: taking over %d pointer(s) of partition %d pending for "
+                        "another worker (read after this worker acquired the partition)",
+                        self.worker_id,
+                        renewal.others_pending,
+                        partition,
+                    )
+                    await self._take(
+                        partition, await self.store.claim_others(partition, self.worker_id)
+                    )
+                if renewal.own_pending > self.user.tracked(partition):
+                    await self._take_pending(partition, ttl_ms)
+            except TRANSIENT_ERRORS as exc:  # the next renewal counts them again
                 log.warning(
                     "worker %s: taking over the pointers of partition %d failed: %s",
                     self.worker_id,
                     partition,
                     exc,
+                )
+            except Exception:  # not expected: the other partitions, and the tick, go on
+                log.exception(
+                    "worker %s: taking over the pointers of partition %d failed",
+                    self.worker_id,
+                    partition,
                 )
 
     async def _take_pending(self, partition: int, min_idle_ms: int) -> None:
@@ -437,6 +460,10 @@ class LeaseKeeper:
                 "worker %s: sweeping the inbox of partition %d failed", self.worker_id, partition
             )
             return
+        await self._take(partition, pointers)
+
+    async def _take(self, partition: int, pointers: list[Pointer | BadItem]) -> None:
+        """Schedule pointers claimed for ``partition``; move a bad one aside."""
         metrics.REDELIVERIES.inc(len(pointers))
         for pointer in pointers:
             if isinstance(pointer, BadItem):

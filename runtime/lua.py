@@ -555,40 +555,46 @@ redis.call('SET', lease, token, 'PX', ttl_ms)
 return token
 """
 
-# Whether a partition inbox holds pointers pending for a consumer other than ``me``.
-# For the inbox of a partition ``me`` holds, that is a pointer nobody will process: a
-# read another worker sent before its lease ended, served after this worker's
-# acquisition claimed the inbox (its process paused between the two, say), and not
-# put back (it died, or Redis refused the put-back). The renewal reports it, and the
-# owner claims it (leases.py). A missing inbox or group holds nothing.
-_OTHERS_PENDING = """
-local function others_pending(inbox, group, me)
+# How many pointers of a partition inbox are pending for ``me`` and for the other
+# consumers. The renewal reports both for each held partition, and the owner
+# reconciles them with what it tracks (leases.py, "Pending pointers are reconciled"):
+# another consumer's pointer in a held inbox is one nobody will process (a read that
+# reached Redis after the acquisition's claim, by a worker that then died), and more
+# of its own than it tracks are reads whose reply it never saw. A missing inbox or
+# group holds nothing.
+_PENDING_SPLIT = """
+local function pending_split(inbox, group, me)
   local summary = redis.pcall('XPENDING', inbox, group)
   if type(summary) ~= 'table' or summary.err or type(summary[4]) ~= 'table' then
-    return false
+    return 0, 0
   end
+  local own, others = 0, 0
   for _, consumer in ipairs(summary[4]) do
-    if consumer[1] ~= me then return true end
+    local n = tonumber(consumer[2])
+    if consumer[1] == me then own = own + n else others = others + n end
   end
-  return false
+  return own, others
 end
 """
 
-# KEYS[2] and ARGV[3..4] are optional: with them, a renewed lease whose inbox holds a
-# pointer pending for another consumer answers 2 (see others_pending).
-# -> 2 renewed, another consumer's pointers pending | 1 renewed | 0 lost
+# KEYS[2] and ARGV[3..4] are optional: with them (the inbox, the group and the
+# renewing worker) a renewed lease answers {1, own, others} (see pending_split).
+# -> 1 renewed | 0 lost | {1, own pending, others' pending} | {0, 0, 0}
 RENEW = (
-    _OTHERS_PENDING
+    _PENDING_SPLIT
     + """
 local lease = KEYS[1]       -- the partition lease
 local token = ARGV[1]
 local ttl_ms = ARGV[2]
+local held = 0
 if redis.call('GET', lease) == token then
   redis.call('PEXPIRE', lease, ttl_ms)
-  if KEYS[2] and others_pending(KEYS[2], ARGV[3], ARGV[4]) then return 2 end
-  return 1
+  held = 1
 end
-return 0
+if not KEYS[2] then return held end
+if held == 0 then return {0, 0, 0} end
+local own, others = pending_split(KEYS[2], ARGV[3], ARGV[4])
+return {1, own, others}
 """
 )
 
@@ -607,11 +613,10 @@ return 0
 # lease renewed or not on its own (a reply per lease, in order). Its keys span slots,
 # so it is never sent to a Redis Cluster (there each lease is renewed by RENEW on its
 # master, pipelined per master). With a consumer (ARGV[3]), KEYS holds the n leases
-# and then their n inboxes, and a renewed lease whose inbox holds another consumer's
-# pending pointer answers 2 (see others_pending).
-# -> {2 renewed, another consumer's pointers pending | 1 renewed | 0 lost, ...}
+# and then their n inboxes, and each answer is RENEW's {held, own, others}.
+# -> {1 renewed | 0 lost, ...} | {{held, own pending, others' pending}, ...}
 RENEW_ALL = (
-    _OTHERS_PENDING
+    _PENDING_SPLIT
     + """
 local ttl_ms = ARGV[1]
 local group = ARGV[2]       -- the inbox consumer group
@@ -619,17 +624,62 @@ local me = ARGV[3]          -- the renewing worker ('' = do not look at the inbo
 local n = #ARGV - 3         -- then the n tokens, in the order of the leases
 local out = {}
 for i = 1, n do
+  local held = 0
   if redis.call('GET', KEYS[i]) == ARGV[i + 3] then
     redis.call('PEXPIRE', KEYS[i], ttl_ms)
-    out[i] = 1
-    if me ~= '' and others_pending(KEYS[n + i], group, me) then out[i] = 2 end
+    held = 1
+  end
+  if me == '' then
+    out[i] = held
+  elseif held == 0 then
+    out[i] = {0, 0, 0}
   else
-    out[i] = 0
+    local own, others = pending_split(KEYS[n + i], group, me)
+    out[i] = {1, own, others}
   end
 end
 return out
 """
 )
+
+# Take over the pointers of a partition inbox pending for consumers other than the
+# owner (ARGV[2]), whatever their idle time, and forget every other consumer left
+# with nothing pending (a worker that died, or one that read late): consumers are
+# never removed otherwise, and XPENDING's summary walks them all. Not fenced: it moves
+# no work to anyone but the caller, and a wake is idempotent. -> XCLAIM's entries
+CLAIM_OTHERS = """
+local inbox = KEYS[1]       -- the partition inbox (wake pointers)
+local group = ARGV[1]       -- the inbox consumer group
+local me = ARGV[2]          -- the owner, who takes them
+local page = tonumber(ARGV[3])
+local consumers = redis.pcall('XINFO', 'CONSUMERS', inbox, group)
+if type(consumers) ~= 'table' or consumers.err then return {} end
+local out = {}
+for _, info in ipairs(consumers) do
+  local name, pending = nil, 0
+  for f = 1, #info, 2 do
+    if info[f] == 'name' then name = info[f + 1] end
+    if info[f] == 'pending' then pending = tonumber(info[f + 1]) end
+  end
+  if name and name ~= me then
+    local left = pending
+    if pending > 0 then
+      local ids = {}
+      for _, e in ipairs(redis.call('XPENDING', inbox, group, '-', '+', page, name)) do
+        ids[#ids + 1] = e[1]
+      end
+      if #ids > 0 then
+        for _, entry in ipairs(redis.call('XCLAIM', inbox, group, me, 0, unpack(ids))) do
+          if type(entry) == 'table' then out[#out + 1] = entry end
+        end
+      end
+      left = pending - #ids
+    end
+    if left <= 0 then redis.call('XGROUP', 'DELCONSUMER', inbox, group, name) end
+  end
+end
+return out
+"""
 
 # The earliest due time (ms) of each sorted set in KEYS (a partition's timers and
 # schedules), '' for an empty one: the timer loop's safety-net read over every owned

@@ -284,6 +284,9 @@ class Runners:
         stranded, self._stranded = self._stranded, set()
         return stranded
 
+    def tracked(self, partition: int) -> int:
+        return len(self._tracked.get(partition, ()))
+
     def untrack(self, partition: int, pointer_ids: list[str]) -> None:
         tracked = self._tracked.get(partition)
         if tracked is not None:

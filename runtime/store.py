@@ -57,6 +57,7 @@ from .script_runner import (
     ACQUIRE,
     ALL_SCRIPTS,
     CANCEL_TIMER,
+    CLAIM_OTHERS,
     COMMIT,
     DELETE,
     FIRE,
@@ -1013,6 +1014,18 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             if next_start == "0-0":
                 return out
             start = next_start
+
+    async def claim_others(self, partition: int, owner: str) -> list[Pointer | BadItem]:
+        """Take over the pointers of ``partition``'s inbox pending for consumers other
+        than ``owner`` (who holds its lease), whatever their idle time, and forget the
+        consumers left with none (the CLAIM_OTHERS script)."""
+        key = self.keys.inbox(partition)
+        entries = await self._run(CLAIM_OTHERS, [key], [GROUP, owner, 1000])
+        return [
+            _pointer(self.keys, partition, eid, fields)
+            for eid, fields in stream_entries(entries)
+            if fields
+        ]
 
     # -- the worker's plain commands (engine) ---------------------------------
 

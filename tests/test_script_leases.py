@@ -151,7 +151,7 @@ async def test_renew_all_renews_each_lease_on_its_own_in_one_call(store):
     theirs = await store.acquire(2, "w2", 1000)
     assert None not in mine and theirs is not None
     leases = [(0, mine[0]), (1, "w1:999"), (2, "w1:1"), (3, "w1:1")]
-    assert await store.renew_all(leases, 60_000) == [True, False, False, False]
+    assert [bool(a) for a in await store.renew_all(leases, 60_000)] == [True, False, False, False]
     assert 1000 < await store.redis.pttl(k.lease(0)) <= 60_000
     assert 0 < await store.redis.pttl(k.lease(1)) <= 1000  # a stale token renews nothing
     assert 0 < await store.redis.pttl(k.lease(2)) <= 1000  # nor another worker's lease
@@ -160,29 +160,55 @@ async def test_renew_all_renews_each_lease_on_its_own_in_one_call(store):
     assert await store.renew_all([], 60_000) == []
 
 
-async def test_renew_all_names_a_held_inbox_with_another_workers_pending_pointer(store):
-    """With the renewing worker named, a renewed lease whose inbox holds a pointer
-    pending for another consumer answers ORPHANS; its own pending pointers, an inbox
-    without a group, and a lease it lost do not."""
+async def test_renew_all_counts_each_held_inbox_pending_pointers_by_consumer(store):
+    """With the renewing worker named, each renewed lease answers how many pointers of
+    its inbox are pending for that worker and for the others (an inbox without a group
+    holds none); a lease it lost answers nothing more."""
     k = store.keys
     tokens = [await store.acquire(p, "w1", 1000) for p in (0, 1, 2)]
     assert None not in tokens
     for p in (0, 1):
         await store.ensure_group(p)
-        await store.redis.xadd(k.inbox(p), {"u": f"/a/{p}"})
-    assert await store.read_inbox([0], "w2", 10, 10)  # another worker's read
-    assert await store.read_inbox([1], "w1", 10, 10)  # its own
+        for n in range(3):
+            await store.redis.xadd(k.inbox(p), {"u": f"/a/{p}{n}"})
+    assert len(await store.read_inbox([0], "w2", 2, 10)) == 2  # another worker's read
+    assert len(await store.read_inbox([0], "w3", 1, 10)) == 1  # and a third's
+    assert len(await store.read_inbox([1], "w1", 2, 10)) == 2  # its own
     leases = [(0, tokens[0]), (1, tokens[1]), (2, tokens[2]), (3, "w1:1")]
     answers = await store.renew_all(leases, 60_000, "w1")
-    assert answers == [Renewal.ORPHANS, Renewal.RENEWED, Renewal.RENEWED, Renewal.LOST]
+    assert answers == [
+        Renewal(True, 0, 3),
+        Renewal(True, 2, 0),
+        Renewal(True, 0, 0),
+        Renewal(False),
+    ]
     for p in (0, 1, 2):
         assert 1000 < await store.redis.pttl(k.lease(p)) <= 60_000
     # Without a consumer it only renews.
-    assert await store.renew_all(leases, 60_000) == [True, True, True, False]
-    await store.redis.xack(
-        k.inbox(0), "workers", *[e[0] for e in await store.redis.xrange(k.inbox(0))]
-    )
-    assert (await store.renew_all(leases, 60_000, "w1"))[0] is Renewal.RENEWED
+    assert [bool(a) for a in await store.renew_all(leases, 60_000)] == [True, True, True, False]
+
+
+async def test_claim_others_takes_every_other_consumers_pointers_and_forgets_them(store):
+    """The owner takes over what other consumers hold in its inbox, whatever their idle
+    time, keeps its own as they are, and the consumers left with nothing are removed
+    (XPENDING's summary walks every consumer of the group)."""
+    k = store.keys
+    p = 0
+    await store.ensure_group(p)
+    urls = [u for u in (f"/a/{n}" for n in range(100)) if k.partition(u) == p][:4]
+    assert await store.read_inbox([p], "idle", 10, 10) == []  # a consumer with nothing
+    for url in urls:
+        await store.redis.xadd(k.inbox(p), {"u": url})
+    await store.read_inbox([p], "gone", 2, 10)
+    await store.read_inbox([p], "owner", 1, 10)
+    taken = await store.claim_others(p, "owner")
+    assert sorted(x.url for x in taken) == sorted(urls[:2])
+    pending = await store.redis.xpending_range(k.inbox(p), "workers", "-", "+", 10)
+    assert sorted(e["consumer"] for e in pending) == [b"owner"] * 3
+    consumers = await store.redis.xinfo_consumers(k.inbox(p), "workers")
+    assert [c["name"] for c in consumers] == [b"owner"]
+    assert await store.claim_others(p, "owner") == []
+    assert await store.claim_others(5, "owner") == []  # no inbox, no group
 
 
 async def test_first_due_answers_the_earliest_timer_and_schedule_of_each_partition(store):

@@ -174,12 +174,17 @@ async def test_an_inbox_read_whose_reply_is_lost_wakes_its_entities_later(cluste
     assert lost_claims == ([p] if sweep == "its reply lost too" else [])
 
 
-async def test_a_claim_whose_reply_is_lost_at_acquisition_is_swept_again(cluster, monkeypatch):
+@pytest.mark.parametrize("delay_s", [0, 1.2], ids=["at once", "applied late"])
+async def test_a_claim_whose_reply_is_lost_at_acquisition_is_swept_again(
+    cluster, monkeypatch, delay_s
+):
     """The claim that takes over a dead owner's pending pointers when a partition is
     acquired ran on the server, but its reply never came (Redis died or the connection
     broke in between): the pointers are pending for the new owner, idle 0, and it
-    never saw them. A sweep a lease period later takes them; before, nothing did and
-    the entity stayed pending for as long as the new owner lived."""
+    never saw them. They are taken once idle for a lease period; before, nothing took
+    them and the entity stayed pending for as long as the new owner lived. Also when
+    the claim reached Redis later than a one-off sweep a lease period after the
+    acquisition would look (a stalled Redis): the renewal counts them at every tick."""
     seen: list[object] = []
     client = await cluster.runtime(app(seen), run_worker=False)
     store = client.store
@@ -191,6 +196,8 @@ async def test_a_claim_whose_reply_is_lost_at_acquisition_is_swept_again(cluster
     lost: list[int] = []
 
     async def losing(self: Store, partition: int, *args: object, **kwargs: object) -> list:
+        if partition == p and not lost:
+            await asyncio.sleep(delay_s)  # the fault: the command waits in a stalled Redis
         pointers = await claim(self, partition, *args, **kwargs)  # type: ignore[arg-type]
         if pointers and not lost:
             lost.append(partition)
@@ -238,17 +245,31 @@ async def test_a_cluster_node_whose_read_may_have_been_served_is_named_for_a_swe
     assert (await store.redis.xpending(keys.inbox(second), "workers"))["pending"] == 1
 
 
-async def test_a_pointer_another_worker_read_late_is_taken_over_by_the_owner(cluster):
+@pytest.mark.parametrize("claim", ["answered", "its reply lost"])
+async def test_a_pointer_another_worker_read_late_is_taken_over_by_the_owner(cluster, claim):
     """Another worker's read reached Redis after this worker acquired the partition
     (it was paused between checking its lease and sending the read, say) and that
     worker died before putting the pointer back: it is pending for a consumer that will
     never process it, and the acquisition's sweeps are long past. The owner's renewal
     finds it, and the owner takes it over; before, the entity stayed pending for as
-    long as the owner held the partition."""
+    long as the owner held the partition. A takeover whose reply is lost (the pointer
+    is the owner's now, untracked, and looks fresh) is made good at a later renewal."""
     seen: list[object] = []
     rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
     keeper, store = rt.worker.lease_keeper, rt.worker.listeners.store
     await until(lambda: _true(keeper.held and not keeper._sweep_at), 30, "the first sweeps")
+    lost: list[int] = []
+    if claim == "its reply lost":
+        claim_others = keeper.store.claim_others
+
+        async def losing(partition: int, owner: str) -> list:
+            pointers = await claim_others(partition, owner)
+            if pointers and not lost:
+                lost.append(partition)
+                raise RedisConnectionError("Connection closed by server.")
+            return pointers
+
+        keeper.store.claim_others = losing
     read, at_gate, gate = store.read_wake_pointers, asyncio.Event(), asyncio.Event()
 
     async def gated(*args, **kwargs):
@@ -265,3 +286,4 @@ async def test_a_pointer_another_worker_read_late_is_taken_over_by_the_owner(clu
     gate.set()
     assert (await rt.wait_idle("/sink/a", timeout=30)).status == "idle"
     assert seen == ["hello"]
+    assert lost == ([p] if claim == "its reply lost" else [])
