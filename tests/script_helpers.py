@@ -116,3 +116,15 @@ async def state(store: Store, url: str) -> tuple[Any, ...]:
         await r.hgetall(k.timerdata(p)),
         await r.get(k.lease(p)),
     )
+
+
+async def two_inboxes_with_a_pointer(store: Store) -> tuple[dict[int, str], int, int]:
+    """The first two partitions, each with its group and one wake pointer in its inbox:
+    (partition -> the pointer's url, first, second)."""
+    keys = store.keys
+    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
+    first, second = sorted(urls)[:2]
+    for p in (first, second):
+        await store.ensure_group(p)
+        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    return urls, first, second

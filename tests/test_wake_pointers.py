@@ -8,6 +8,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.apps.harness import until
+from tests.script_helpers import two_inboxes_with_a_pointer
 from wakeful import HandlerContext, Registry
 from wakeful.store import Store
 
@@ -224,11 +225,7 @@ async def test_a_cluster_node_whose_read_may_have_been_served_is_named_for_a_swe
     if store.router is None:
         pytest.skip("one Redis reads all its partitions in one command")
     keys = store.keys
-    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
-    first, second = sorted(urls)[:2]
-    for p in (first, second):
-        await store.ensure_group(p)
-        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    urls, first, second = await two_inboxes_with_a_pointer(store)
     per_node = store.router.per_node
 
     async def losing(by_partition, command):

@@ -18,6 +18,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.faults import SimulatedCrash, lapse_soon
+from tests.script_helpers import two_inboxes_with_a_pointer
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
 from wakeful.errors import ReplicaWaitError
@@ -526,11 +527,7 @@ async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(
     if store.router is not None:
         pytest.skip("on a cluster the inboxes are read without the WAKES script")
     keys = store.keys
-    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
-    first, second = sorted(urls)[:2]
-    for p in (first, second):
-        await store.ensure_group(p)
-        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    urls, first, second = await two_inboxes_with_a_pointer(store)
     await store.redis.xgroup_destroy(keys.inbox(second), GROUP)
     read = await store.read_wake_pointers([first, second], "me", 10, 0)
     assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
@@ -550,11 +547,7 @@ async def test_a_partition_whose_read_may_have_been_served_is_named_for_a_sweep(
     if store.router is not None:
         pytest.skip("on a cluster the inboxes are read without the WAKES script")
     keys = store.keys
-    urls = {keys.partition(f"/notes/g{i}"): f"/notes/g{i}" for i in range(100)}
-    first, second = sorted(urls)[:2]
-    for p in (first, second):
-        await store.ensure_group(p)
-        await store.redis.xadd(keys.inbox(p), {"u": urls[p]})
+    urls, first, second = await two_inboxes_with_a_pointer(store)
     run = store._run
 
     async def losing(script: Script, keys_: list[str], args: list[Any], **kw: Any) -> Any:
