@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import lua
-from .batching import AutoPipeline, Stage
+from .batching import AutoPipeline, Commands, Stage
 from .connection import is_cluster
 from .errors import RedisFullError, ReplicaWaitError
 from .keys import Keyspace
@@ -165,12 +165,12 @@ class ScriptRunner:
         wait = self.replica_wait if durable else 0
         sha = script.sha if self.router is None else script.cluster_sha
 
-        def stage(pipe: Pipeline) -> None:
-            # execute_command, not evalsha: the same call on a node's pipeline and a
-            # cluster's (redis-py refuses evalsha in a cluster pipeline)
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-            if wait:
-                pipe.execute_command("WAIT", wait, self.replica_wait_ms)
+        # Staged with execute_command, not evalsha: the same call on a node's pipeline
+        # and a cluster's (redis-py refuses evalsha in a cluster pipeline).
+        evalsha = ("EVALSHA", sha, len(keys), *keys, *args)
+        stage = (
+            Commands(evalsha, ("WAIT", wait, self.replica_wait_ms)) if wait else Commands(evalsha)
+        )
 
         for attempt in (0, 1):
             try:

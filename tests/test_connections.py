@@ -415,10 +415,12 @@ async def test_a_worker_with_no_entity_types_refuses_to_start(server_url, prefix
 
 async def test_lease_renewal_never_waits_behind_the_workers_other_commands(server_url, prefix):
     """Every connection of the worker's pool taken (runners busy with long commands):
-    the lease loop has connections of its own and renews on time."""
+    the lease loop has connections of its own and renews on time. Of the pool's five,
+    the subscription and the auto-pipeline keep one each, the inbox reader's blocking
+    read holds one, and the hog takes the other two."""
     rt = Runtime(
         quiet.registry,
-        settings=settings(server_url, prefix, max_connections=4, max_event_streams=2),
+        settings=settings(server_url, prefix, max_connections=5, max_event_streams=2),
         run_worker=True,
     )
     async with rt:
