@@ -312,9 +312,9 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
         self._read_failures = Refusals(log, logging.WARNING)
-        # Whether the last inbox read found pointers: only then is the next read tried
-        # with WAKES first (read_inbox).
-        self._inbox_busy = True
+        # The partitions whose last inbox read found pointers (None: every one, as at
+        # start): the next read tries them with WAKES first (read_inbox).
+        self._busy: set[int] | None = None
         # The process's shard-channel subscriptions: the doorbell (on a cluster), the
         # worker's cancel requests, a client's idle notices (shard_channels.py).
         nodes = self.router if self.router is not None else OneNode(redis)
@@ -856,11 +856,13 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     ) -> list[Pointer | BadItem]:
         """New wake pointers of ``partitions``, blocking up to ``block_ms`` for one.
 
-        On one Redis the pointers that are there already come with their entities'
-        metadata and log tails (the WAKES script: the read and the wakes' loads in one
-        round trip); only when there are none does it block, with a plain XREADGROUP.
-        The WAKES read is tried only after a read that found pointers: an idle worker
-        only blocks (one command per block), since WAKES is a script call per partition.
+        On one Redis the pointers of the partitions whose last read found some come
+        with their entities' metadata and log tails (the WAKES script: the read and the
+        wakes' loads in one round trip), and those of the other partitions are read
+        alongside with one plain XREADGROUP; only when neither finds any does it block,
+        with a plain XREADGROUP of every partition. WAKES is a script call per
+        partition: an idle worker only blocks (one command per block), and a lone
+        message costs one WAKES call, not one for each partition held.
 
         A read that fails may still have been served (Redis read the pointers for
         ``consumer`` and the reply was lost): a failure of the whole read raises, and
@@ -869,18 +871,62 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         later, or they stay pending for a live consumer that never saw them."""
         if self.router is not None:
             return await self._read_inboxes_by_node(partitions, consumer, count, block_ms, unsure)
-        if self._inbox_busy:
-            preloaded = await self._read_preloaded(partitions, consumer, count, unsure)
-            if preloaded:
-                return preloaded
+        busy = [p for p in partitions if self._busy is None or p in self._busy]
+        found = await self._read_busy(partitions, busy, consumer, count, unsure) if busy else []
+        if not found:
+            found = await self._read_plain(partitions, consumer, count, block_ms)
+        self._busy = {item.partition for item in found}
+        return found
+
+    async def _read_busy(
+        self,
+        partitions: list[int],
+        busy: list[int],
+        consumer: str,
+        count: int,
+        unsure: Callable[[int], None],
+    ) -> list[Pointer | BadItem]:
+        """WAKES for the ``busy`` partitions and, alongside, a plain read (no block) of
+        the others: a pointer there waits for no lull of the busy ones."""
+        rest = [p for p in partitions if p not in busy]
+        if not rest:
+            return await self._read_preloaded(busy, consumer, count, unsure)
+        replies = await asyncio.gather(
+            self._read_preloaded(busy, consumer, count, unsure),
+            self._read_plain(rest, consumer, count, None),
+            return_exceptions=True,
+        )
+        found: list[Pointer | BadItem] = []
+        failed: list[BaseException] = []
+        for read, reply in zip((busy, rest), replies, strict=True):
+            if not isinstance(reply, BaseException):
+                found += reply
+                continue
+            if not isinstance(reply, Exception) or failed:
+                raise reply  # cancelled, or both reads failed
+            failed.append(reply)
+            if lost_group(reply):  # nothing was read: recreate the groups
+                for partition in read:
+                    await self.ensure_group(partition)
+                continue
+            for partition in read:  # served, perhaps, with its reply lost
+                unsure(partition)
+            self._read_failures.report(
+                f"reading the inboxes of partitions {read} failed ({reply}); "
+                "the other partitions are read on"
+            )
+        return found
+
+    async def _read_plain(
+        self, partitions: list[int], consumer: str, count: int, block_ms: int | None
+    ) -> list[Pointer | BadItem]:
+        """One XREADGROUP of ``partitions`` (blocking up to ``block_ms`` if given)."""
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
+        block = None if block_ms is None else block_ms_for(self.redis, block_ms)
         reply = cast(
             "list[list[Any]] | None",
-            await self.redis.xreadgroup(
-                GROUP, consumer, streams, count=count, block=block_ms_for(self.redis, block_ms)
-            ),
+            await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block),
         )
-        self._inbox_busy = bool(reply)
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
             _pointer(self.keys, by_key[as_str(stream)], entry_id, fields)

@@ -117,13 +117,19 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str)
             await asyncio.sleep(0.02)  # polling a condition, not waiting a fixed time
 
 
-async def hold_the_reader(rt: Runtime, gate: asyncio.Event) -> None:
+async def hold_the_reader(rt: Runtime, gate: asyncio.Event, url: str) -> None:
     """Fill the worker's backlog (one slot, a wake that waits for ``gate``, three behind
     it): its reader stops reading until the gate opens, so pointers made meanwhile are
-    read later, together, by the WAKES script (with their entities' data)."""
-    assert rt.worker is not None
-    for n in range(4):
-        await rt.send(f"/gate/g{n}", "hold")
+    read later, together. The last of the three is in ``url``'s partition, so its last
+    read found pointers there, and its next read of that partition is by the WAKES
+    script (with the entities' data)."""
+    assert rt.worker is not None and rt.store is not None
+    partition = rt.store.keys.partition(url)
+    busy = next(
+        f"/gate/b{n}" for n in range(10_000) if rt.store.keys.partition(f"/gate/b{n}") == partition
+    )
+    for gate_url in ("/gate/g0", "/gate/g1", "/gate/g2", busy):
+        await rt.send(gate_url, "hold")
     await until(lambda: _true(rt.worker.runners.backlog() >= 4), 20, "a full backlog")
 
 
@@ -209,7 +215,7 @@ async def test_a_warm_entity_deleted_and_re_created_starts_from_its_new_incarnat
     await rt.delete(url)
     await until(lambda: _true(not rt.worker.runners.running(url)), 20, "the delete")
     await until(lambda: _gone(rt, url), 20, "the delete")
-    await hold_the_reader(rt, gate)
+    await hold_the_reader(rt, gate, url)
     await rt.send(url, "new")  # a new incarnation, read with its pointer
     skipped = rt.worker.stats["loads_skipped"]
     gate.set()
@@ -240,7 +246,7 @@ async def test_a_crash_after_a_skipped_load_loses_nothing_and_applies_nothing_tw
             first.worker.kill()
             raise SimulatedCrash(name)
 
-    await hold_the_reader(first, gate)
+    await hold_the_reader(first, gate, url)
     await first.send(url, "two")
     await first.send(url, "three")
     first.worker.fault_hook = hook
@@ -273,14 +279,16 @@ async def test_a_zombie_with_a_warm_state_and_a_preload_writes_nothing(cluster):
         if name == "wake:before-commit" and first.worker.runners.running(url):
             taken.set()
 
-    await hold_the_reader(first, gate)
+    await hold_the_reader(first, gate, url)
     await first.send(url, "two")
     first.worker.fault_hook = hook
     # Another owner's token: the first worker's commit must be refused.
     await first.store.redis.set(keys.lease(p), "someone-else:1")
     gate.set()
     await asyncio.wait_for(taken.wait(), 15)
-    assert first.worker.stats["loads_skipped"] >= 1  # its wake read nothing but the pointer
+    # Its wake read nothing but the pointer (the hook fires at any wake's commit: the
+    # gate entities' may come first).
+    await until(lambda: _true(first.worker.stats["loads_skipped"] >= 1), 20, "a preloaded wake")
     await until(lambda: _true(first.worker.stats["commits_fenced"] >= 1), 20, "the fence")
     log_ids = [i for i, _ in await first.store.read_log(url)]
     await first.store.redis.delete(keys.lease(p))
@@ -533,6 +541,77 @@ async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(
     assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
     again = await store.read_wake_pointers([first, second], "me", 10, 0)
     assert [p.url for p in again if isinstance(p, Pointer)] == [urls[second]]
+
+
+async def test_wakes_reads_only_the_partitions_whose_last_read_found_pointers(cluster):
+    """WAKES is a script call per partition: after a read that found a pointer in one
+    partition, the next read runs it for that partition only, and reads the others
+    alongside with one plain XREADGROUP, so a pointer there is not left behind a busy
+    partition (it comes without its entity's data, and its partition is read with
+    WAKES next)."""
+    rt = await cluster.runtime(run_worker=False)
+    store = rt.store
+    assert store is not None
+    if store.router is not None:
+        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    keys = store.keys
+    urls, first, second = await two_inboxes_with_a_pointer(store)
+    wakes: list[list[str]] = []
+    run = store._run
+
+    async def counted(script: Script, keys_: list[str], args: list[Any], **kw: Any) -> Any:
+        if script.name == "WAKES":
+            wakes.append(keys_)
+        return await run(script, keys_, args, **kw)
+
+    store._run = counted  # type: ignore[method-assign]
+    partitions = [first, second]
+    await store.read_wake_pointers(partitions, "me", 10, 0)  # every partition, at start
+    assert sorted(k for [k] in wakes) == sorted(keys.inbox(p) for p in partitions)
+    await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
+    read = await store.read_wake_pointers(partitions, "me", 10, 0)  # finds it in the first
+    assert [p.partition for p in read] == [first]
+    wakes.clear()
+    await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
+    await store.redis.xadd(keys.inbox(second), {"u": urls[second]})
+    read = await store.read_wake_pointers(partitions, "me", 10, 0)
+    assert wakes == [[keys.inbox(first)]]  # the one the last read found a pointer in
+    preloaded = {p.partition: p.preload is not None for p in read if isinstance(p, Pointer)}
+    assert preloaded == {first: True, second: False}  # the other read alongside
+    wakes.clear()
+    await store.redis.xadd(keys.inbox(second), {"u": urls[second]})
+    read = await store.read_wake_pointers(partitions, "me", 10, 0)
+    assert sorted(k for [k] in wakes) == sorted(keys.inbox(p) for p in partitions)
+    assert [(p.partition, p.preload is not None) for p in read if isinstance(p, Pointer)] == [
+        (second, True)
+    ]
+
+
+async def test_a_plain_read_alongside_wakes_whose_reply_is_lost_names_its_partitions(cluster):
+    """The plain read of the partitions not read with WAKES ran but its reply was lost:
+    the WAKES read's pointers are returned, and those partitions are passed to
+    ``unsure`` (their pointers are pending here unseen)."""
+    rt = await cluster.runtime(run_worker=False)
+    store = rt.store
+    assert store is not None
+    if store.router is not None:
+        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    keys = store.keys
+    urls, first, second = await two_inboxes_with_a_pointer(store)
+    await store.read_wake_pointers([first], "me", 10, 0)  # the first is busy, the second not
+    await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
+    plain = store._read_plain
+
+    async def losing(partitions: list[int], *args: Any) -> Any:
+        await plain(partitions, *args)
+        raise RedisConnectionError("Connection closed by server.")
+
+    store._read_plain = losing  # type: ignore[method-assign]
+    unsure: list[int] = []
+    read = await store.read_wake_pointers([first, second], "me", 10, 0, unsure.append)
+    assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
+    assert unsure == [second]
+    assert (await store.redis.xpending(keys.inbox(second), GROUP))["pending"] == 1
 
 
 async def test_a_partition_whose_read_may_have_been_served_is_named_for_a_sweep(cluster):
