@@ -25,6 +25,7 @@ forever.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -84,9 +85,9 @@ class AutoPipeline:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
             self._in_flight += 1
             task = self._tasks.start(self._send(batch), name="wakeful-pipeline-send")
-            task.add_done_callback(lambda _, batch=batch: self._sent(batch))
+            task.add_done_callback(functools.partial(self._sent, batch))
 
-    def _sent(self, batch: list[_Queued]) -> None:
+    def _sent(self, batch: list[_Queued], _: asyncio.Task[None]) -> None:
         """A send ended, however: (one cancelled before it ran never reached its own
         handlers) its callers do not wait for good, and what queued meanwhile goes."""
         _fail(batch, ConnectionError("the pipeline's send was cancelled"))

@@ -76,10 +76,13 @@ class HiredisPackingConnection(Connection):
             command = command.encode()
         if isinstance(command, bytes):
             command = [command]
+        writer = self._writer
+        if writer is None:  # disconnected meanwhile (a concurrent disconnect)
+            raise redis.exceptions.ConnectionError("Connection closed while writing")
         try:
             async with asyncio.timeout(self.socket_timeout):
-                self._writer.writelines(command)
-                await self._writer.drain()
+                writer.writelines(command)
+                await writer.drain()
         except TimeoutError:
             await self.disconnect(nowait=True)
             raise redis.exceptions.TimeoutError("Timeout writing to socket") from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -920,13 +920,17 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     async def _read_plain(
         self, partitions: list[int], consumer: str, count: int, block_ms: int | None
     ) -> list[Pointer | BadItem]:
-        """One XREADGROUP of ``partitions`` (blocking up to ``block_ms`` if given)."""
+        """One XREADGROUP of ``partitions``: blocking up to ``block_ms`` if given (on a
+        connection of its own), else through the auto-pipeline (in the same round trip
+        as the WAKES read it goes alongside)."""
         streams: dict[KeyT, StreamIdT] = {self.keys.inbox(p): ">" for p in partitions}
-        block = None if block_ms is None else block_ms_for(self.redis, block_ms)
-        reply = cast(
-            "list[list[Any]] | None",
-            await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block),
-        )
+        read: Awaitable[Any]
+        if block_ms is None:
+            read = self.batch.execute(lambda pipe: pipe.xreadgroup(GROUP, consumer, streams, count))
+        else:
+            block = block_ms_for(self.redis, block_ms)
+            read = self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block)
+        reply = cast("list[list[Any]] | None", await read)
         by_key = {self.keys.inbox(p): p for p in partitions}
         return [
             _pointer(self.keys, by_key[as_str(stream)], entry_id, fields)
