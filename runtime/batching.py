@@ -47,10 +47,13 @@ class Commands:
     ``WAIT``): a stage the auto-pipeline sends without a redis-py pipeline, and which
     any pipeline can stage too (a cluster's, see ``routing.py``)."""
 
-    __slots__ = ("commands",)
+    __slots__ = ("commands", "keep_errors")
 
-    def __init__(self, *commands: tuple[Any, ...]) -> None:
+    def __init__(self, *commands: tuple[Any, ...], keep_errors: bool = False) -> None:
         self.commands = commands
+        # The caller gets every reply, in a list, an error reply as its exception
+        # (otherwise the first error is raised, and one command's reply is not a list).
+        self.keep_errors = keep_errors
 
     def __call__(self, pipe: Pipeline) -> None:
         for command in self.commands:
@@ -106,10 +109,13 @@ class AutoPipeline:
             if not isinstance(exc, Exception):
                 raise
         else:
-            for (_, future), (start, end) in zip(batch, spans, strict=True):
+            for (stage, future), (start, end) in zip(batch, spans, strict=True):
                 if future.done():
                     continue
                 replies = flat[start:end]
+                if isinstance(stage, Commands) and stage.keep_errors:
+                    future.set_result(replies)
+                    continue
                 error = next((r for r in replies if isinstance(r, Exception)), None)
                 if error is not None:
                     future.set_exception(error)

@@ -11,6 +11,13 @@ The effects of one outbox go to their targets concurrently (each target's in
 order), in a task group: if one target's delivery fails, the others are
 cancelled and the whole outbox is retried later, so no delivery outlives the
 call that started it.
+
+On one Redis (no replica wait, no tracer), the sends of an outbox a wake just made
+go in the round trip of the commit that writes it, right behind it (:meth:`prepare`,
+then ``Store.commit``'s ``sends``): each runs only if the commit and the sends before
+it did, so a fenced commit delivers nothing; what did not run is sent as above. A
+crash at any point leaves the same state as a crash in the plain delivery: the
+outbox not marked delivered, delivered again later, the keys making repeats no-ops.
 """
 
 from __future__ import annotations
@@ -18,13 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
 from . import metrics, tracing
 from .activation import INPUT, OUTBOX, PLAIN, CommitBatch
-from .errors import ArgsConflictError, EventDecodeError, FencedError, WakefulError
+from .errors import ArgsConflictError, EventDecodeError, FencedError, NotSentError, WakefulError
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
     ActionSettled,
@@ -43,6 +51,7 @@ from .store import (
     TRANSIENT_ERRORS,
     EntityGoneError,
     ReadAs,
+    SendCall,
     Store,
     TargetMissingError,
 )
@@ -53,6 +62,11 @@ from .tracing import Carrier
 log = logging.getLogger("wakeful.delivery")
 # Errors after which the outbox stays pending: the next activation delivers it again.
 _POSTPONED: tuple[type[BaseException], ...] = (FencedError, EntityGoneError, *TRANSIENT_ERRORS)
+# A delivery's outcome that is the sender's to hear (a DeliveryFailed input), or dropped.
+_REFUSED: tuple[type[Exception], ...] = (ArgsConflictError, TargetMissingError, WakefulError)
+# At most this many sends go in a commit's round trip (a larger fan-out goes after it,
+# to its targets concurrently).
+CHAINED_SENDS_MAX = 64
 
 
 class SendRead(Protocol):
@@ -77,6 +91,15 @@ class LocalReads(Protocol):
     def local_read(self, partition: int) -> SendRead | None: ...
 
 
+@dataclass(slots=True)
+class PreparedSend:
+    """An effect's send, made ready before the commit that writes its outbox."""
+
+    effect: Effect
+    call: SendCall
+    local: SendRead | None  # the send reads its target partition's pointers here
+
+
 class Delivery:
     def __init__(self, store: Store, fault: Callable[[str], None], stats: dict[str, int]) -> None:
         self.store = store
@@ -86,8 +109,45 @@ class Delivery:
         # the pipeline, which needs this): None, every send leaves its pointer unread.
         self.local: LocalReads | None = None
 
+    def prepare(self, sender: str, batch: CommitBatch) -> list[PreparedSend]:
+        """The sends of ``batch``'s outbox, to go in its commit's round trip (see the
+        module docstring); none where they cannot (a cluster, the replica wait, a
+        tracer: each delivery has its own span, an expiry: not a send, a large
+        fan-out). Pass them to the commit and then to :meth:`after_commit`, or to
+        :meth:`release` if the commit raised."""
+        store = self.store
+        outbox = batch.outbox
+        if (
+            outbox is None
+            or store.router is not None
+            or store.replica_wait
+            or len(outbox.effects) > CHAINED_SENDS_MAX
+            or any(effect.kind == "expire" for effect in outbox.effects)
+            or tracing.tracing_on()
+        ):
+            return []
+        prepared: list[PreparedSend] = []
+        for effect in outbox.effects:
+            call, local = self._send_call(sender, effect, None)
+            prepared.append(PreparedSend(effect, call, local))
+        return prepared
+
+    async def release(self, prepared: list[PreparedSend]) -> None:
+        """The commit the sends went with raised: what they may have read waits for the
+        lease keeper's sweep (nothing, if their replies came: a refused commit ran
+        none of them)."""
+        for item in prepared:
+            if item.local is not None:
+                await item.local.finish()
+
     async def after_commit(
-        self, ticket: WakeTicket, batch: CommitBatch, ids: list[str], *, ack: bool = False
+        self,
+        ticket: WakeTicket,
+        batch: CommitBatch,
+        ids: list[str],
+        *,
+        ack: bool = False,
+        prepared: list[PreparedSend] | None = None,
     ) -> None:
         """Deliver the outbox a commit just wrote. If this fails, the wake pointer makes
         the next activation (here or on another worker) retry.
@@ -107,7 +167,10 @@ class Delivery:
             i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
         )
         try:
-            failures = await self.deliver(url, batch.outbox.effects)
+            if prepared:
+                failures = await self._chained(url, prepared)
+            else:
+                failures = await self.deliver(url, batch.outbox.effects)
             self._fault("deliver:before-mark")
             await self._mark(ticket, outbox_id, failures, ack=ack)
         except _POSTPONED as exc:
@@ -178,21 +241,57 @@ class Delivery:
             for effect in target_effects:
                 try:
                     await self._one(sender, effect)
-                except (ArgsConflictError, TargetMissingError, WakefulError) as exc:
-                    if effect.kind in ("spawn", "send", "subscribe"):
-                        failures.append(
-                            DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc))
-                        )
-                    else:  # a notice for an entity that no longer exists
-                        log.info(
-                            "dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc
-                        )
+                except _REFUSED as exc:
+                    _refused(sender, effect, exc, failures)
 
         await all_of([deliver_to(group) for group in by_target.values()])
+        self._delivered(effects)
+        return failures
+
+    async def _chained(self, sender: str, prepared: list[PreparedSend]) -> list[DeliveryFailed]:
+        """The outcomes of the sends that went with the commit; those that did not run
+        (the chain broke: a send errored) are delivered now, in order."""
+        failures: list[DeliveryFailed] = []
+        done = 0  # the sends taken care of, reads included
+        try:
+            for item in prepared:
+                reply = item.call.reply
+                if reply is None or isinstance(reply, Exception):
+                    break  # it did not run, nor did any after it
+                refused = False
+                try:
+                    self.store.send_result(item.call, reply)
+                except NotSentError:
+                    break
+                except _REFUSED as exc:
+                    _refused(sender, item.effect, exc, failures)
+                    refused = True
+                if item.local is not None and not refused:
+                    self.stats["local_reads"] += 1
+                    self._fault("deliver:read-here")  # read here, not scheduled yet
+                done += 1
+                if item.local is not None:
+                    await item.local.finish()
+                if not refused:
+                    self._fault(f"deliver:after-{item.effect.kind}")
+        except BaseException:
+            for item in prepared[done:]:  # what they may have read waits for the sweep
+                if item.local is not None:
+                    item.local.lost()
+            raise
+        self._delivered([item.effect for item in prepared[:done]])
+        left = prepared[done:]
+        for item in left:
+            if item.local is not None:
+                await item.local.finish()
+        if left:
+            failures += await self.deliver(sender, [item.effect for item in left])
+        return failures
+
+    def _delivered(self, effects: list[Effect]) -> None:
         self.stats["effects_delivered"] += len(effects)
         for effect in effects:
             metrics.EFFECTS_DELIVERED.labels(effect.kind).inc()
-        return failures
 
     async def _one(self, sender: str, effect: Effect) -> None:
         with tracing.deliver_span(sender, effect.kind, effect.target, effect.trace) as trace:
@@ -210,6 +309,29 @@ class Delivery:
             await self.store.settle_action(effect.target, effect.payload, encode_event(expired))
             self._fault("deliver:after-expire")
             return
+        call, local = self._send_call(sender, effect, trace)
+        try:
+            await self.store.send(call)
+            if local is not None:
+                self._fault("deliver:read-here")
+        except Exception:  # refused, or applied with too few replicas: take what it read
+            if local is not None:
+                await local.finish()
+            raise
+        except BaseException:  # a crash or a cancel: what it read waits for the sweep
+            if local is not None:
+                local.lost()
+            raise
+        if local is not None:
+            self.stats["local_reads"] += 1
+            await local.finish()
+        self._fault(f"deliver:after-{effect.kind}")
+
+    def _send_call(
+        self, sender: str, effect: Effect, trace: Carrier | None
+    ) -> tuple[SendCall, SendRead | None]:
+        """The send that appends ``effect`` (not an expiry) to its target, and the read of
+        the target's partition it makes if this worker holds it."""
         target_type = effect.target.split("/")[1]
         created = encode_event(
             Created(type=target_type, parent=None, trace=trace), limit=RUNTIME_EVENT_MAX_BYTES
@@ -251,30 +373,25 @@ class Delivery:
             events.append((INPUT, encode_event(message, limit=RUNTIME_EVENT_MAX_BYTES)))
         partition = self.store.keys.partition(effect.target)
         local = self.local.local_read(partition) if self.local is not None else None
-        try:
-            await self.store.append_input(
-                effect.target,
-                target_type,
-                created=created,
-                events=events,
-                args=args,
-                parent=parent,
-                mode=mode,
-                idempotency_key=effect.key,
-                owner=effect.identity,
-                read_as=local.read_as if local is not None else None,
-            )
-            if local is not None:
-                self._fault("deliver:read-here")
-        except Exception:  # refused, or applied with too few replicas: take what it read
-            if local is not None:
-                await local.finish()
-            raise
-        except BaseException:  # a crash or a cancel: what it read waits for the sweep
-            if local is not None:
-                local.lost()
-            raise
-        if local is not None:
-            self.stats["local_reads"] += 1
-            await local.finish()
-        self._fault(f"deliver:after-{effect.kind}")
+        call = self.store.send_call(
+            effect.target,
+            target_type,
+            created=created,
+            events=events,
+            args=args,
+            parent=parent,
+            mode=mode,
+            idempotency_key=effect.key,
+            owner=effect.identity,
+            read_as=local.read_as if local is not None else None,
+        )
+        return call, local
+
+
+def _refused(sender: str, effect: Effect, exc: Exception, failures: list[DeliveryFailed]) -> None:
+    """A send the target refused (other args, no such entity): the sender hears of a
+    message, a spawn or a subscription; a notice for an entity that is gone is dropped."""
+    if effect.kind in ("spawn", "send", "subscribe"):
+        failures.append(DeliveryFailed(kind=effect.kind, target=effect.target, error=str(exc)))
+    else:
+        log.info("dropped %s from %s to %s: %s", effect.kind, sender, effect.target, exc)

@@ -61,6 +61,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   +-- HTTPError                         the gateway refuses a request (``status``)
     +-- TargetMissingError                    engine-internal: never reaches a caller
     +-- EntityGoneError                       engine-internal: never reaches a caller
+    +-- NotSentError                          engine-internal: never reaches a caller
     BaseException
     +-- WakeInterrupted                       lease lost or worker stopping
 
@@ -503,6 +504,11 @@ class TargetMissingError(Exception):
 
 class EntityGoneError(Exception):
     """The entity was deleted (or deleted and re-created) while a wake ran."""
+
+
+class NotSentError(Exception):
+    """A send pipelined behind its sender's commit did not run: the commit, or a send
+    before it in the same round trip, was not applied (see ``Store.commit``)."""
 
 
 # -- interruptions: BaseException, so that ``except Exception`` cannot swallow them -------

@@ -236,22 +236,40 @@ return out
 # read that fails (the group is gone, say) leaves the pointers to the worker's inbox
 # read, never failing the send it follows.
 # -> SEND's reply, with a 4th element when it read: WAKES's reply
-SEND_WAKE = (
-    _ENSURE_POINTER
-    + _SEND
-    + _READ_WAKES
-    + """
-local lease = KEYS[6]                     -- the target partition's lease
-local at = 11 + 2 * tonumber(ARGV[10])    -- after SEND's arguments:
-local token = ARGV[at]                    -- the lease token the caller holds
-local reply = send()
-if reply[1] >= 0 and redis.call('GET', lease) == token then
-  local read = read_wakes(KEYS[3], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
-                         tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
-  if read then reply[4] = read end
+_READ_AFTER = """
+local function read_after(reply)
+  local lease = KEYS[6]                     -- the target partition's lease
+  local at = 11 + 2 * tonumber(ARGV[10])    -- after SEND's arguments:
+  local token = ARGV[at]                    -- the lease token the caller holds
+  if reply[1] >= 0 and redis.call('GET', lease) == token then
+    local read = read_wakes(KEYS[3], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+                           tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+    if read then reply[4] = read end
+  end
+  return reply
 end
-return reply
 """
+SEND_WAKE = _ENSURE_POINTER + _SEND + _READ_WAKES + _READ_AFTER + "return read_after(send())"
+
+# A send pipelined right behind its sender's commit, in the same round trip
+# (Store.commit's ``sends``), applied only if that commit and every send before it in
+# the pipeline were: the commit sets the sender's metadata field 'commit' to the chain's
+# first link, and each send finds the link before its own there and leaves its own (a
+# refusal such as 'args' or 'missing' is a result, and passes the chain on). So a
+# refused commit (fenced, gone) delivers nothing, and a send that errors (a full Redis)
+# stops the sends after it, which the worker then makes one by one, in order. The
+# sender's metadata is the last key; the link to find and the one to leave are the
+# last two arguments (after SEND's, or SEND_WAKE's).
+# -> {-4, '', ''} the chain was broken (nothing written) | the send's own reply
+_IN_CHAIN = """
+local chain_meta = KEYS[#KEYS]
+if redis.call('HGET', chain_meta, 'commit') ~= ARGV[#ARGV - 1] then return {-4, '', ''} end
+local reply = send()
+redis.call('HSET', chain_meta, 'commit', ARGV[#ARGV])
+"""
+SEND_AFTER = _ENSURE_POINTER + _SEND + _IN_CHAIN + "return reply"
+SEND_WAKE_AFTER = (
+    _ENSURE_POINTER + _SEND + _READ_WAKES + _READ_AFTER + _IN_CHAIN + "return read_after(reply)"
 )
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and

@@ -363,17 +363,23 @@ class WakePipeline:
         # With an outbox the pointers are acknowledged by the delivery's mark, not here:
         # no fresh pointer, and no wake that would only acknowledge it (see after_commit).
         deferred = batch.outbox is not None
-        ids = await commit(
-            self.store,
-            ticket,
-            batch,
-            ack=not deferred,
-            cursor=max_id([r.id for r in wake.inputs]),
-            fields=fields,
-            snapshot=snapshot,
-            snapshot_seen=wake.pos,
-            snapshot_out=state.applied,
-        )
+        sends = self.delivery.prepare(ticket.url, batch)
+        try:
+            ids = await commit(
+                self.store,
+                ticket,
+                batch,
+                ack=not deferred,
+                cursor=max_id([r.id for r in wake.inputs]),
+                fields=fields,
+                snapshot=snapshot,
+                snapshot_seen=wake.pos,
+                snapshot_out=state.applied,
+                sends=[send.call for send in sends],
+            )
+        except BaseException:
+            await self.delivery.release(sends)
+            raise
         if snapshot is not None:
             state.written(snapshot)  # its chunks are in Redis now
             self._fault("snapshot:after-commit")
@@ -386,7 +392,7 @@ class WakePipeline:
         if not deferred:
             self._done(ticket)
         try:
-            await self.delivery.after_commit(ticket, batch, ids, ack=deferred)
+            await self.delivery.after_commit(ticket, batch, ids, ack=deferred, prepared=sends)
         finally:
             if deferred:
                 self._done(ticket)
@@ -461,10 +467,21 @@ class _Flush:
         self.last = max_id([self._resumed or ZERO, had])
         partial = f"{act.wake_id} {self.last}"
         pipeline._fault("flush:before-commit")
-        ids = await commit(pipeline.store, ticket, batch, fields={"partial": partial})
+        sends = pipeline.delivery.prepare(ticket.url, batch)
+        try:
+            ids = await commit(
+                pipeline.store,
+                ticket,
+                batch,
+                fields={"partial": partial},
+                sends=[send.call for send in sends],
+            )
+        except BaseException:
+            await pipeline.delivery.release(sends)
+            raise
         _note_applied(self._act.state, batch.events, ids)
         pipeline._fault("flush:after-commit")
-        await pipeline.delivery.after_commit(ticket, batch, ids)
+        await pipeline.delivery.after_commit(ticket, batch, ids, prepared=sends)
 
 
 def _from_preload(preload: Preloaded, cached: Cached | None) -> Loaded | None:

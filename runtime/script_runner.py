@@ -46,6 +46,8 @@ class Script:
 
 SEND = Script(lua.SEND, "SEND")
 SEND_WAKE = Script(lua.SEND_WAKE, "SEND_WAKE")
+SEND_AFTER = Script(lua.SEND_AFTER, "SEND_AFTER")
+SEND_WAKE_AFTER = Script(lua.SEND_WAKE_AFTER, "SEND_WAKE_AFTER")
 LOAD = Script(lua.LOAD, "LOAD")
 WAKES = Script(lua.WAKES, "WAKES")
 COMMIT = Script(lua.COMMIT, "COMMIT")
@@ -73,6 +75,8 @@ TRIM = Script(lua.TRIM, "TRIM")
 ALL_SCRIPTS = (
     SEND,
     SEND_WAKE,
+    SEND_AFTER,
+    SEND_WAKE_AFTER,
     LOAD,
     WAKES,
     COMMIT,
@@ -185,18 +189,31 @@ class ScriptRunner:
                         script.name, int(reply[1]), wait, self.replica_wait_ms, reply[0]
                     )
                 return reply[0]
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self._reload(keys[0])
-            except OutOfMemoryError as exc:
-                raise RedisFullError(str(exc)) from None
             except ResponseError as exc:
-                if str(exc).startswith("OOM "):
-                    raise RedisFullError(str(exc)) from None
-                if attempt or "NOSCRIPT" not in str(exc):
-                    raise
+                if attempt or not _no_script(exc):
+                    raise _full(exc) from None
                 await self._reload(keys[0])
+        raise AssertionError("unreachable")
+
+    async def _run_chain(self, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        """Several scripts in one round trip, in order, on one Redis (not a cluster, no
+        replica wait): each one's reply, an error reply as its exception. The first
+        one's error is raised, as :meth:`_run` raises it; if it is a ``NOSCRIPT`` (a
+        Redis restarted: the first did not run, and the others must not have written
+        without it, see ``Store.commit``), the scripts are loaded and all run again."""
+        assert self.router is None and not self.replica_wait
+        stage = Commands(
+            *(("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls),
+            keep_errors=True,
+        )
+        for attempt in (0, 1):
+            replies: list[Any] = await self.batch.execute(stage)
+            first = replies[0]
+            if not isinstance(first, Exception):
+                return replies
+            if attempt or not (isinstance(first, ResponseError) and _no_script(first)):
+                raise _full(first) if isinstance(first, ResponseError) else first
+            await self._reload(calls[0][1][0])
         raise AssertionError("unreachable")
 
     async def _in_slot(self, key: str, stage: Stage) -> Any:
@@ -248,3 +265,15 @@ class ScriptRunner:
             await self.load_scripts()
         else:
             await self._load_on(await self.router.node_of(key))
+
+
+def _no_script(exc: ResponseError) -> bool:
+    return isinstance(exc, NoScriptError) or "NOSCRIPT" in str(exc)
+
+
+def _full(exc: ResponseError) -> Exception:
+    """A Redis at its ``maxmemory`` refused the script (:class:`RedisFullError`), or
+    ``exc`` itself."""
+    if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM "):
+        return RedisFullError(str(exc))
+    return exc

@@ -11,7 +11,9 @@ subscribed in ``notices.py``). The data path is: client ->
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from .errors import (
     ConfigError,
     EntityGoneError,
     FencedError,
+    NotSentError,
     OwnerChangedError,
     RedisFullError,
     ReplicaWaitError,
@@ -68,7 +71,9 @@ from .script_runner import (
     RENEW,
     RESUME,
     SEND,
+    SEND_AFTER,
     SEND_WAKE,
+    SEND_WAKE_AFTER,
     SETTLE,
     TOOL_DATA,
     TRIM,
@@ -91,7 +96,9 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "RENEW",
     "RESUME",
     "SEND",
+    "SEND_AFTER",
     "SEND_WAKE",
+    "SEND_WAKE_AFTER",
     "SETTLE",
     "TOOL_DATA",
     "TRANSIENT_ERRORS",
@@ -106,6 +113,7 @@ __all__ = [  # the scripts too, for tests that run them one by one
     "Preloaded",
     "ReadAs",
     "Script",
+    "SendCall",
     "SendResult",
     "Store",
     "StreamBatch",
@@ -147,6 +155,21 @@ class SendResult:
     id: str  # the last event appended (or the one an idempotency key found)
     created_id: str  # the entity's incarnation
     appended: bool
+
+
+@dataclass(slots=True)
+class SendCall:
+    """One send, ready to run (:meth:`Store.send_call`): alone (:meth:`Store.send`) or
+    in the round trip of its sender's commit (:meth:`Store.commit`'s ``sends``), which
+    sets ``reply`` (an exception if the send errored; None if it never ran)."""
+
+    url: str
+    partition: int
+    script: Script
+    keys: list[str]
+    argv: list[Any]
+    read_as: ReadAs | None
+    reply: Any = None
 
 
 @dataclass(slots=True)
@@ -312,6 +335,9 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         self._refused_notices = Refusals(log)
         self._refused_cancels = Refusals(log, logging.WARNING)
         self._read_failures = Refusals(log, logging.WARNING)
+        # The links of a commit's chain of sends (Store.commit): unique to this process.
+        self._chain_prefix = secrets.token_hex(4)
+        self._chains = itertools.count()
         # The partitions whose last inbox read found pointers (None: every one, as at
         # start): the next read tries them with WAKES first (read_inbox).
         self._busy: set[int] | None = None
@@ -426,6 +452,39 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         worker holding the target's partition, on one Redis): the partition's new wake
         pointers come back in it (:class:`ReadAs`).
         """
+        call = self.send_call(
+            url,
+            type_name,
+            created=created,
+            events=events,
+            args=args,
+            parent=parent,
+            mode=mode,
+            idempotency_key=idempotency_key,
+            idempotency_identity=idempotency_identity,
+            owner=owner,
+            expect_owner=expect_owner,
+            read_as=read_as,
+        )
+        return await self.send(call)
+
+    def send_call(
+        self,
+        url: str,
+        type_name: str,
+        *,
+        created: bytes,
+        events: Sequence[tuple[str, bytes]] = (),
+        args: bytes = b"",
+        parent: str = "",
+        mode: str = "send",
+        idempotency_key: str | None = None,
+        idempotency_identity: dict[str, str] | None = None,
+        owner: dict[str, str] | None = None,
+        expect_owner: str = "",
+        read_as: ReadAs | None = None,
+    ) -> SendCall:
+        """The script call of :meth:`append_input` (same arguments), not yet run."""
         k = self.keys
         p = k.partition(url)
         idem_key = k.idem(url, idempotency_key or "-", idempotency_identity)
@@ -448,14 +507,23 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             *(x for pair in events for x in pair),
             *extra,
         ]
+        return SendCall(url, p, script, keys, argv, read_as)
+
+    async def send(self, call: SendCall) -> SendResult:
+        """Run ``call`` on its own (see :meth:`append_input`)."""
         try:
-            reply = await self._run(script, keys, argv, durable=True)
+            reply = await self._run(call.script, call.keys, call.argv, durable=True)
         except ReplicaWaitError as exc:  # applied: what it read is this worker's now
-            if read_as is not None:
-                self._read_for(read_as, p, exc.reply)
+            if call.read_as is not None:
+                self._read_for(call.read_as, call.partition, exc.reply)
             raise
-        if read_as is not None:
-            self._read_for(read_as, p, reply)
+        return self.send_result(call, reply)
+
+    def send_result(self, call: SendCall, reply: Any) -> SendResult:
+        """What ``call``'s script answered (``reply``), or the error it stands for."""
+        url = call.url
+        if call.read_as is not None:
+            self._read_for(call.read_as, call.partition, reply)
         code, event_id, created_id = int(reply[0]), as_str(reply[1]), as_str(reply[2])
         if code == -1:
             raise ArgsConflictError(url)
@@ -463,6 +531,8 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             raise TargetMissingError(url)
         if code == -3:
             raise OwnerChangedError(url, event_id)
+        if code == -4:
+            raise NotSentError(url)
         return SendResult(event_id, created_id, code == 1)
 
     def _read_for(self, read_as: ReadAs, partition: int, reply: list[Any]) -> None:
@@ -520,6 +590,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         closed_actions: Sequence[tuple[str, str]] = (),
         chunks: Sequence[tuple[str, bytes]] = (),
         drop_chunks: Sequence[str] = (),
+        sends: Sequence[SendCall] = (),
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -533,8 +604,17 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         :class:`FencedError` if ``token`` no longer
         holds the partition lease, :class:`EntityGoneError` if the entity's
         incarnation changed.
+
+        ``sends`` (the deliveries of the outbox this commit writes) go in the same round
+        trip, right behind it, on one Redis without the replica wait; each runs only if
+        the commit and the sends before it did (``lua.py``, SEND_AFTER), and its
+        ``reply`` is set. Elsewhere they do not run here (``reply`` stays None).
         """
         k = self.keys
+        chained = bool(sends) and self.router is None and not self.replica_wait
+        if chained:
+            link = f"{self._chain_prefix}{next(self._chains)}:"
+            fields = {**(fields or {}), "commit": f"{link}0"}
         p = k.partition(url)
         fields = fields or {}
         # Built by appending (a commit usually carries one or two of these lists): the
@@ -572,22 +652,22 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         args.append(len(chunks))
         for chunk in chunks:
             args += chunk
-        reply = await self._commit(
-            url,
-            [
-                k.lease(p),
-                k.log(url),
-                k.meta(url),
-                k.inbox(p),
-                k.snap(url),
-                k.timers(p),
-                k.timerdata(p),
-                k.actions(url),
-                k.conv(url),
-                k.trimdue(p),
-            ],
-            args,
-        )
+        keys = [
+            k.lease(p),
+            k.log(url),
+            k.meta(url),
+            k.inbox(p),
+            k.snap(url),
+            k.timers(p),
+            k.timerdata(p),
+            k.actions(url),
+            k.conv(url),
+            k.trimdue(p),
+        ]
+        if chained:
+            reply = await self._commit_and_send(keys, args, sends, link)
+        else:
+            reply = await self._commit(url, keys, args)
         status = as_str(reply[0])
         if status == "FENCED":
             raise FencedError(f"commit for {url} refused: lease {token} of partition {p} is lost")
@@ -598,6 +678,22 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         if timers:  # the timer loop sleeps until the earliest timer it knows of
             self._hint_due("timer", p, min(due for _, due, _ in timers))
         return [as_str(i) for i in reply[1:]]
+
+    async def _commit_and_send(
+        self, keys: list[str], args: list[Any], sends: Sequence[SendCall], link: str
+    ) -> Any:
+        """COMMIT and then ``sends``, chained (see :meth:`commit`), in one round trip;
+        the commit's reply. Each send's reply is set on it."""
+        meta = keys[2]
+        calls = [(COMMIT, keys, args)]
+        for n, send in enumerate(sends):
+            script = SEND_WAKE_AFTER if send.script is SEND_WAKE else SEND_AFTER
+            chain = [f"{link}{n}", f"{link}{n + 1}"]
+            calls.append((script, [*send.keys, meta], [*send.argv, *chain]))
+        replies = await self._run_chain(calls)
+        for send, reply in zip(sends, replies[1:], strict=True):
+            send.reply = reply
+        return replies[0]
 
     async def _commit(self, url: str, keys: list[str], args: list[Any]) -> Any:
         """The COMMIT script, durable: with the replica wait on, it returns once the

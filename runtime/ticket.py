@@ -10,7 +10,7 @@ one fenced COMMIT script call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from . import metrics
 from .activation import CommitBatch
 from .cancellation import CancelSignal
 from .state import SnapshotWrite
-from .store import Preloaded, Store
+from .store import Preloaded, SendCall, Store
 
 _NOTHING = CommitBatch()
 
@@ -78,13 +78,15 @@ async def commit(
     snapshot: SnapshotWrite | None = None,
     snapshot_seen: str = "",
     snapshot_out: str = "",
+    sends: Sequence[SendCall] = (),
 ) -> list[str]:
     """Commit ``batch`` (events, timers, actions) for ``ticket``, fenced by its lease.
 
     ``ack`` acknowledges the ticket's wake pointers; ``cursor`` moves the cursor
     past the inputs handled; ``fields`` set metadata; ``snapshot`` writes a snapshot
-    with the conversation chunks it seals (and drops those it no longer references).
-    Returns the ids of the appended events, in order."""
+    with the conversation chunks it seals (and drops those it no longer references);
+    ``sends`` go in the same round trip (``Store.commit``). Returns the ids of the
+    appended events, in order."""
     with metrics.commit():
         return await store.commit(
             ticket.url,
@@ -98,6 +100,7 @@ async def commit(
             chunks=snapshot.chunks if snapshot is not None else (),
             drop_chunks=snapshot.drop if snapshot is not None else (),
             snapshot_seen=snapshot_seen,
+            sends=sends,
             snapshot_out=snapshot_out,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
             actions=batch.actions,

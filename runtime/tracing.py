@@ -92,6 +92,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def tracing_on() -> bool:
+    """Whether spans are made (a tracer provider is set)."""
+    return _active() is not None
+
+
 def carrier(span: Span | None = None) -> Carrier | None:
     """The W3C context of ``span`` (default: the current one), or None when no span
     records (no SDK, or tracing off): then nothing is written to the log."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from wakeful.script_runner import FIRST_DUE, RENEW_ALL
+from wakeful.script_runner import FIRST_DUE, RENEW_ALL, SEND_AFTER, SEND_WAKE_AFTER
 
 NODE_TIMEOUT_MS = 1000
 START_TIMEOUT_S = 60.0
@@ -298,8 +298,11 @@ def single_node_only(fields: list[bytes], keys: list[bytes]) -> bool:
     (``Store.read_inbox``; on a cluster it reads per partition, one pipeline per
     master, which the cluster tests run), and a test's own clean-up (``DEL`` /
     ``UNLINK`` of many keys, an ``MGET`` of every lease: Wakeful sends neither
-    outside its scripts), and the scripts over every held partition of the single-node
-    path (``lease_store.py``: RENEW_ALL, FIRST_DUE; on a cluster one call per partition)."""
+    outside its scripts), the scripts over every held partition of the single-node
+    path (``lease_store.py``: RENEW_ALL, FIRST_DUE; on a cluster one call per partition),
+    and the sends chained behind their sender's commit, which check the sender's
+    metadata (``Store.commit``'s ``sends``: SEND_AFTER, SEND_WAKE_AFTER; on a cluster
+    the sends go after the commit)."""
     name = fields[0].lower()
     if name in (b"del", b"unlink", b"mget"):
         return True
@@ -308,7 +311,7 @@ def single_node_only(fields: list[bytes], keys: list[bytes]) -> bool:
     return name == b"xreadgroup" and all(k.endswith(b":inbox") for k in keys)
 
 
-SINGLE_NODE_SCRIPTS = {s.sha.encode() for s in (RENEW_ALL, FIRST_DUE)}
+SINGLE_NODE_SCRIPTS = {s.sha.encode() for s in (RENEW_ALL, FIRST_DUE, SEND_AFTER, SEND_WAKE_AFTER)}
 
 
 class SlotCheck:

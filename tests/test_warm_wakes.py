@@ -24,7 +24,7 @@ from wakeful.cache import WarmCache
 from wakeful.errors import ReplicaWaitError
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
-from wakeful.store import SEND_WAKE, Loaded, Pointer, Preloaded, Script
+from wakeful.store import SEND_WAKE, SEND_WAKE_AFTER, Loaded, Pointer, Preloaded, Script
 from wakeful.ticket import WakeTicket
 
 pytestmark = pytest.mark.anyio
@@ -438,11 +438,16 @@ async def test_a_send_reads_only_for_a_partition_this_worker_reads(cluster):
     assert not reads()
 
 
-def after_send_wake(rt: Runtime, failure: Callable[[Any], BaseException]) -> list[int]:
+def after_send_wake(
+    rt: Runtime, failure: Callable[[Any], BaseException], *, chained: bool = False
+) -> list[int]:
     """Make the first SEND_WAKE of ``rt``'s store run and then raise ``failure(reply)``;
-    returns the partitions the runners strand from then on."""
+    returns the partitions the runners strand from then on. ``chained``: the send goes
+    in the round trip of its sender's commit (SEND_WAKE_AFTER, the default on one
+    Redis), and that round trip's reply is lost; else the outbox is delivered after the
+    commit (as on a cluster, with a tracer, or for a large fan-out)."""
     assert rt.store is not None and rt.worker is not None
-    run, strand = rt.store._run, rt.worker.runners.strand
+    run, run_chain, strand = rt.store._run, rt.store._run_chain, rt.worker.runners.strand
     stranded: list[int] = []
     failed: list[bool] = []
 
@@ -453,26 +458,40 @@ def after_send_wake(rt: Runtime, failure: Callable[[Any], BaseException]) -> lis
             raise failure(reply)
         return reply
 
+    async def failing_chain(calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        replies = await run_chain(calls)
+        if any(script is SEND_WAKE_AFTER for script, _, _ in calls) and not failed:
+            failed.append(True)
+            raise failure(replies)
+        return replies
+
     def stranding(partition: int) -> None:
         stranded.append(partition)
         strand(partition)
 
     rt.store._run = failing  # type: ignore[method-assign]
+    rt.store._run_chain = failing_chain  # type: ignore[method-assign]
+    if not chained:
+        rt.worker.delivery.prepare = lambda sender, batch: []  # type: ignore[method-assign]
     rt.worker.runners.strand = stranding  # type: ignore[method-assign]
     return stranded
 
 
-async def test_a_send_whose_reply_is_lost_leaves_what_it_read_to_the_sweep(cluster):
+@pytest.mark.parametrize("chained", [False, True], ids=["after-commit", "with-commit"])
+async def test_a_send_whose_reply_is_lost_leaves_what_it_read_to_the_sweep(cluster, chained):
     """The script ran and read the target's pointer for this worker, but its reply
     never came (a connection lost): the pointer is pending here, unscheduled. The
     partition is stranded, and the worker's own sweep wakes the target a lease period
-    later; the redelivery of the outbox is deduplicated."""
+    later; the redelivery of the outbox is deduplicated. The same when the send went
+    in its sender's commit's round trip, whose reply is lost: the wake runs again (it
+    delivers the outbox its commit wrote, the keys deduplicating)."""
     seen: list[object] = []
     rt = await cluster.runtime(app(seen), lease_ttl_ms=1000)
     assert rt.store is not None
     if rt.store.router is not None:
         pytest.skip("on a cluster a send never reads")
-    stranded = after_send_wake(rt, lambda reply: RedisConnectionError("the reply was lost"))
+    lost = RedisConnectionError("the reply was lost")
+    stranded = after_send_wake(rt, lambda reply: lost, chained=chained)
     await rt.send(SENDER, "hello")
     assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
     assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
