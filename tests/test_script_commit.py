@@ -23,6 +23,7 @@ from tests.script_helpers import (
     unacked,
 )
 from wakeful import FencedError
+from wakeful.errors import NotSentError
 from wakeful.store import EntityGoneError
 from wakeful.streamids import id_gt
 
@@ -523,3 +524,66 @@ async def test_cancelling_a_timer_of_a_deleted_entity_writes_no_metadata(store):
     assert await store.cancel_timer(URL, token, member) is True
     assert await store.redis.zrange(store.keys.timers(p), 0, -1) == []
     assert await store.meta(URL) == {}
+
+
+# -- COMMIT with its outbox's sends (SEND_AFTER, SEND_WAKE_AFTER) -----------------------
+
+
+def sends_to(store, *targets: str):
+    """One send of a message to each target (a new entity), as a delivery makes them."""
+    return [
+        store.send_call(
+            target, target.split("/")[1], created=b"C", events=[("i", f"to {target}".encode())]
+        )
+        for target in targets
+    ]
+
+
+async def test_the_sends_of_a_commit_go_with_it_and_each_answers(store):
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, _, _, token = await woken(store)
+    calls = sends_to(store, "/t/b", "/t/c")
+    ids = await store.commit(URL, token, events=[("o", b"O")], created=created, sends=calls)
+    assert len(ids) == 1
+    for call, target in zip(calls, ("/t/b", "/t/c"), strict=True):
+        result = store.send_result(call, call.reply)
+        assert result.appended
+        assert [e for _, e in await log(store, target)] == [b"C", f"to {target}".encode()]
+
+
+async def test_a_fenced_commit_runs_none_of_its_sends(store):
+    """The sends check the chain the commit starts: a commit refused (its lease taken
+    over) leaves them nothing to find, and they write nothing."""
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, _, _, old = await woken(store)
+    await take_over(store, store.keys.partition(URL), old)
+    calls = sends_to(store, "/t/b", "/t/c")
+    before = await state(store, URL)
+    with pytest.raises(FencedError):
+        await store.commit(URL, old, events=[("o", b"O")], created=created, sends=calls)
+    assert await state(store, URL) == before
+    for call in calls:
+        assert int(call.reply[0]) == -4  # not sent
+        with pytest.raises(NotSentError):
+            store.send_result(call, call.reply)
+    assert await log(store, "/t/b") == [] and await log(store, "/t/c") == []
+
+
+async def test_a_send_that_errors_stops_the_sends_after_it(store):
+    """A send whose script errors (here its target's log is not a stream) breaks the
+    chain: the sends after it write nothing and say so, so the worker can make them
+    itself, in order; those before it stand."""
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, _, _, token = await woken(store)
+    await store.redis.set(store.keys.log("/t/c"), "not a stream")
+    first, broken, after = calls = sends_to(store, "/t/b", "/t/c", "/t/d")
+    await store.commit(URL, token, events=[("o", b"O")], created=created, sends=calls)
+    assert store.send_result(first, first.reply).appended
+    assert isinstance(broken.reply, Exception)
+    with pytest.raises(NotSentError):
+        store.send_result(after, after.reply)
+    assert await log(store, "/t/d") == []
+    assert [e for _, e in await log(store, "/t/b")] == [b"C", b"to /t/b"]

@@ -499,6 +499,45 @@ async def test_a_send_whose_reply_is_lost_leaves_what_it_read_to_the_sweep(clust
     assert stranded == [rt.store.keys.partition(TARGET)]
 
 
+async def test_sends_a_broken_chain_left_unsent_are_delivered_after_it_in_order(cluster):
+    """The sends of a commit's round trip after one that errored do not run (the chain
+    is broken): the worker sends them itself, in order, each once."""
+    seen: list[object] = []
+    reg = Registry()
+
+    @reg.entity("sender")
+    async def sender(ctx: HandlerContext) -> None:
+        for _ in ctx.wake.messages:
+            for text in ("one", "two", "three"):
+                await ctx.send(TARGET, text)
+
+    @reg.entity("target")
+    async def target(ctx: HandlerContext) -> None:
+        seen.extend(m.payload for m in ctx.wake.messages)
+
+    rt = await cluster.runtime(reg)
+    assert rt.store is not None
+    if rt.store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    run_chain = rt.store._run_chain
+    broken: list[int] = []
+
+    async def breaking(calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        if len(calls) < 4 or broken:
+            return await run_chain(calls)
+        broken.append(len(calls))  # the commit and the first send run; the rest do not
+        replies = await run_chain(calls[:2])
+        return [*replies, *(RedisConnectionError("not run") for _ in calls[2:])]
+
+    rt.store._run_chain = breaking  # type: ignore[method-assign]
+    await rt.send(SENDER, "go")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    await until(lambda: _true(len(seen) >= 3), 30, "the three messages")
+    assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
+    assert broken == [4]
+    assert seen == ["one", "two", "three"]
+
+
 async def test_a_send_applied_with_too_few_replicas_schedules_what_it_read(cluster):
     """The script ran and its reply came, with too few replicas confirming it
     (ReplicaWaitError): what it read is scheduled at once, not left to a sweep."""
