@@ -607,3 +607,37 @@ def test_an_empty_prefix_is_a_config_error_not_a_traceback() -> None:
     with pytest.raises(ConfigError, match="setting prefix must be a non-empty string"):
         Settings(prefix="")
     assert Settings.from_env({"WAKEFUL_REDIS_URL": ""}).redis_url is None  # still "not set"
+
+
+# -- the auto-pipeline's kept connection --------------------------------------------------
+
+
+async def test_the_auto_pipelines_kept_connection_closed_by_the_server_is_made_again(
+    real_redis_url,
+):
+    """The auto-pipeline keeps a connection between sends: one the server closed (a
+    Redis restarted, a client killed) is connected again before the next send, as a
+    pooled one is (``CheckedPool``), so the next command does not fail on it."""
+    from wakeful.batching import AutoPipeline, Commands
+    from wakeful.connection import connect
+
+    redis = connect(real_redis_url)
+    try:
+        batch = AutoPipeline(redis)
+        first = await batch.execute(Commands(("CLIENT", "ID")))
+        assert await batch.execute(Commands(("CLIENT", "ID"))) == first  # kept
+        async with sync_redis.asyncio.Redis.from_url(real_redis_url) as admin:
+            assert await admin.client_kill_filter(_id=first) == 1
+        await until(lambda: _true(batch._kept is not None and closed(batch._kept)), 10, "EOF")
+        again = await batch.execute(Commands(("CLIENT", "ID")))
+        assert again != first  # a new connection, and the command went through
+        errors = await batch.execute(Commands(("PING",), ("NOSUCHCOMMAND",), keep_errors=True))
+        assert errors[0] in (b"PONG", True) and isinstance(errors[1], sync_redis.ResponseError)
+    finally:
+        await redis.aclose()
+
+
+def closed(connection: Any) -> bool:
+    from wakeful.connection import closed_by_server
+
+    return closed_by_server(connection)
