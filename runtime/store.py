@@ -205,6 +205,8 @@ class Trimmed:
     next_due_ms: int | None = None  # when the sweep looks again (None = not filed)
 
 
+# How many inbox reads a partition that had pointers is read with WAKES (read_inbox).
+BUSY_READS = 8
 # What the inbox read brings with each pointer (see Store.read_inbox): at most this many
 # log entries per entity, and this many in all.
 PRELOAD_PAGE, PRELOAD_BUDGET = 64, 4096
@@ -338,9 +340,10 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         # The links of a commit's chain of sends (Store.commit): unique to this process.
         self._chain_prefix = secrets.token_hex(4)
         self._chains = itertools.count()
-        # The partitions whose last inbox read found pointers (None: every one, as at
-        # start): the next read tries them with WAKES first (read_inbox).
-        self._busy: set[int] | None = None
+        # The partitions an inbox read found pointers in lately, with how many reads
+        # more they count as busy (None: every one, as at start): the next read tries
+        # them with WAKES first (read_inbox).
+        self._busy: dict[int, int] | None = None
         # The process's shard-channel subscriptions: the doorbell (on a cluster), the
         # worker's cancel requests, a client's idle notices (shard_channels.py).
         nodes = self.router if self.router is not None else OneNode(redis)
@@ -952,7 +955,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
     ) -> list[Pointer | BadItem]:
         """New wake pointers of ``partitions``, blocking up to ``block_ms`` for one.
 
-        On one Redis the pointers of the partitions whose last read found some come
+        On one Redis the pointers of the partitions busy lately (``_note_busy``) come
         with their entities' metadata and log tails (the WAKES script: the read and the
         wakes' loads in one round trip), and those of the other partitions are read
         alongside with one plain XREADGROUP; only when neither finds any does it block,
@@ -971,8 +974,22 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         found = await self._read_busy(partitions, busy, consumer, count, unsure) if busy else []
         if not found:
             found = await self._read_plain(partitions, consumer, count, block_ms)
-        self._busy = {item.partition for item in found}
+        self._note_busy(found)
         return found
+
+    def _note_busy(self, found: list[Pointer | BadItem]) -> None:
+        """A partition a read found pointers in counts as busy for the next
+        ``BUSY_READS`` reads that find pointers: under a steady load most partitions
+        stay busy and their pointers come with their entities' data, while after a lone
+        message only its partition is read with WAKES. A read that found none (it
+        blocked for nothing) leaves no partition busy: the worker is idle."""
+        if not found:
+            self._busy = {}
+            return
+        busy = {p: left - 1 for p, left in (self._busy or {}).items() if left > 1}
+        for item in found:
+            busy[item.partition] = BUSY_READS
+        self._busy = busy
 
     async def _read_busy(
         self,

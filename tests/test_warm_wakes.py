@@ -601,12 +601,12 @@ async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(
     assert [p.url for p in again if isinstance(p, Pointer)] == [urls[second]]
 
 
-async def test_wakes_reads_only_the_partitions_whose_last_read_found_pointers(cluster):
-    """WAKES is a script call per partition: after a read that found a pointer in one
-    partition, the next read runs it for that partition only, and reads the others
-    alongside with one plain XREADGROUP, so a pointer there is not left behind a busy
-    partition (it comes without its entity's data, and its partition is read with
-    WAKES next)."""
+async def test_wakes_reads_only_the_partitions_busy_lately(cluster):
+    """WAKES is a script call per partition: it reads the partitions a read found
+    pointers in lately, and the others alongside with one plain XREADGROUP, so a
+    pointer there is not left behind a busy partition (it comes without its entity's
+    data, and its partition is read with WAKES from then on). A read that finds nothing
+    (the worker is idle) leaves no partition busy."""
     rt = await cluster.runtime(run_worker=False)
     store = rt.store
     assert store is not None
@@ -622,27 +622,29 @@ async def test_wakes_reads_only_the_partitions_whose_last_read_found_pointers(cl
             wakes.append(keys_)
         return await run(script, keys_, args, **kw)
 
+    async def read() -> dict[int, bool]:
+        """One read: the partitions of its pointers, and whether each came preloaded."""
+        found = await store.read_wake_pointers(partitions, "me", 10, 1)
+        return {p.partition: p.preload is not None for p in found if isinstance(p, Pointer)}
+
     store._run = counted  # type: ignore[method-assign]
     partitions = [first, second]
-    await store.read_wake_pointers(partitions, "me", 10, 0)  # every partition, at start
+    assert await read() == {first: True, second: True}  # every partition, at start
     assert sorted(k for [k] in wakes) == sorted(keys.inbox(p) for p in partitions)
+    assert await read() == {}  # idle: nothing is busy any more
+    wakes.clear()
     await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
-    read = await store.read_wake_pointers(partitions, "me", 10, 0)  # finds it in the first
-    assert [p.partition for p in read] == [first]
+    assert await read() == {first: False}  # the blocking read, bare
+    assert wakes == []
+    await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
+    await store.redis.xadd(keys.inbox(second), {"u": urls[second]})
+    assert await read() == {first: True, second: False}  # the other read alongside
+    assert wakes == [[keys.inbox(first)]]
     wakes.clear()
     await store.redis.xadd(keys.inbox(first), {"u": urls[first]})
     await store.redis.xadd(keys.inbox(second), {"u": urls[second]})
-    read = await store.read_wake_pointers(partitions, "me", 10, 0)
-    assert wakes == [[keys.inbox(first)]]  # the one the last read found a pointer in
-    preloaded = {p.partition: p.preload is not None for p in read if isinstance(p, Pointer)}
-    assert preloaded == {first: True, second: False}  # the other read alongside
-    wakes.clear()
-    await store.redis.xadd(keys.inbox(second), {"u": urls[second]})
-    read = await store.read_wake_pointers(partitions, "me", 10, 0)
+    assert await read() == {first: True, second: True}  # both busy now
     assert sorted(k for [k] in wakes) == sorted(keys.inbox(p) for p in partitions)
-    assert [(p.partition, p.preload is not None) for p in read if isinstance(p, Pointer)] == [
-        (second, True)
-    ]
 
 
 async def test_a_plain_read_alongside_wakes_whose_reply_is_lost_names_its_partitions(cluster):
