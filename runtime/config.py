@@ -139,11 +139,11 @@ class Settings:
         for name in ("socket_timeout_s", "pool_timeout_s", "header_timeout_s", "keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive, got {getattr(self, name)}")
-        if self.max_event_streams >= self.max_connections:
+        if self.max_event_streams >= self.max_connections - 1:
             raise ConfigError(
                 f"setting max_event_streams ({self.max_event_streams}) must be below "
-                f"max_connections ({self.max_connections}): each open event stream holds "
-                "a connection while it waits"
+                f"max_connections - 1 ({self.max_connections - 1}): each open event stream "
+                "holds a connection while it waits, and the runtime keeps one for its scripts"
             )
 
     def _check_numbers(self) -> None:

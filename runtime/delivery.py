@@ -127,15 +127,21 @@ class Delivery:
         ):
             return []
         prepared: list[PreparedSend] = []
-        for effect in outbox.effects:
-            call, local = self._send_call(sender, effect, None)
-            prepared.append(PreparedSend(effect, call, local))
+        try:
+            for effect in outbox.effects:
+                call, local = self._send_call(sender, effect, None)
+                prepared.append(PreparedSend(effect, call, local))
+        except BaseException:
+            for item in prepared:  # nothing was sent: their reads end (swept for nothing)
+                if item.local is not None:
+                    item.local.lost()
+            raise
         return prepared
 
     async def release(self, prepared: list[PreparedSend]) -> None:
-        """The commit the sends went with raised: what they may have read waits for the
-        lease keeper's sweep (nothing, if their replies came: a refused commit ran
-        none of them)."""
+        """The commit the sends went with raised, or what followed it before
+        :meth:`after_commit`: what they read is scheduled if their replies came (none,
+        if the commit was refused), else left to the lease keeper's sweep."""
         for item in prepared:
             if item.local is not None:
                 await item.local.finish()
@@ -241,6 +247,8 @@ class Delivery:
             for effect in target_effects:
                 try:
                     await self._one(sender, effect)
+                except _POSTPONED:  # a full Redis, too few replicas: delivered again later
+                    raise
                 except _REFUSED as exc:
                     _refused(sender, effect, exc, failures)
 

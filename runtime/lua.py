@@ -254,7 +254,8 @@ SEND_WAKE = _ENSURE_POINTER + _SEND + _READ_WAKES + _READ_AFTER + "return read_a
 # A send pipelined right behind its sender's commit, in the same round trip
 # (Store.commit's ``sends``), applied only if that commit and every send before it in
 # the pipeline were: the commit sets the sender's metadata field 'commit' to the chain's
-# first link, and each send finds the link before its own there and leaves its own (a
+# first link, as its last write (a commit that errors midway sets none), and each send
+# finds the link before its own there and leaves its own (a
 # refusal such as 'args' or 'missing' is a result, and passes the chain on). So a
 # refused commit (fenced, gone) delivers nothing, and a send that errors (a full Redis)
 # stops the sends after it, which the worker then makes one by one, in order. The
@@ -311,7 +312,9 @@ local n_closed = tonumber(ARGV[15])   -- then n_closed pairs (tool call id, how 
                                       -- then the snapshot's conversation chunks: a count
                                       -- of fields to drop and those, a count of chunks
                                       -- to write and (field, chunk) pairs of those
-local i = 16
+local link = ARGV[16]                 -- the first link of the chain of sends behind this
+                                      -- commit ('' = none; see SEND_AFTER), written last
+local i = 17
 if redis.call('GET', lease) ~= token then return {'FENCED'} end
 if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
   return {'GONE'}
@@ -398,6 +401,7 @@ if snapshot ~= '' then
   -- before its own trim (which files the entity anew).
   redis.call('ZADD', trimdue, 0, url)
 end
+if link ~= '' then redis.call('HSET', meta, 'commit', link) end
 if changed and not notify(channel, cursor) then out[1] = 'UNNOTIFIED' end
 return out
 """

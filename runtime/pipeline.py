@@ -364,6 +364,7 @@ class WakePipeline:
         # no fresh pointer, and no wake that would only acknowledge it (see after_commit).
         deferred = batch.outbox is not None
         sends = self.delivery.prepare(ticket.url, batch)
+        handed = False  # the sends' reads are after_commit's to end from then on
         try:
             ids = await commit(
                 self.store,
@@ -377,25 +378,26 @@ class WakePipeline:
                 snapshot_out=state.applied,
                 sends=[send.call for send in sends],
             )
-        except BaseException:
-            await self.delivery.release(sends)
-            raise
-        if snapshot is not None:
-            state.written(snapshot)  # its chunks are in Redis now
-            self._fault("snapshot:after-commit")
-        _note_applied(state, batch.events, ids)
-        self._fault("wake:after-commit")
-        if wake.remember:
-            self.cache.remember(ticket.url, state, wake.pos, ticket.created, since)
-        else:
-            self.cache.forget(ticket.url)
-        if not deferred:
-            self._done(ticket)
-        try:
-            await self.delivery.after_commit(ticket, batch, ids, ack=deferred, prepared=sends)
-        finally:
-            if deferred:
+            if snapshot is not None:
+                state.written(snapshot)  # its chunks are in Redis now
+                self._fault("snapshot:after-commit")
+            _note_applied(state, batch.events, ids)
+            self._fault("wake:after-commit")
+            if wake.remember:
+                self.cache.remember(ticket.url, state, wake.pos, ticket.created, since)
+            else:
+                self.cache.forget(ticket.url)
+            if not deferred:
                 self._done(ticket)
+            handed = True
+            try:
+                await self.delivery.after_commit(ticket, batch, ids, ack=deferred, prepared=sends)
+            finally:
+                if deferred:
+                    self._done(ticket)
+        finally:
+            if not handed:
+                await self.delivery.release(sends)
         if snapshot is not None:  # the log before it may go now (what no guarantee needs)
             await self.retention.after_snapshot(ticket)
 
@@ -468,6 +470,7 @@ class _Flush:
         partial = f"{act.wake_id} {self.last}"
         pipeline._fault("flush:before-commit")
         sends = pipeline.delivery.prepare(ticket.url, batch)
+        handed = False  # as in WakePipeline._commit
         try:
             ids = await commit(
                 pipeline.store,
@@ -476,12 +479,13 @@ class _Flush:
                 fields={"partial": partial},
                 sends=[send.call for send in sends],
             )
-        except BaseException:
-            await pipeline.delivery.release(sends)
-            raise
-        _note_applied(self._act.state, batch.events, ids)
-        pipeline._fault("flush:after-commit")
-        await pipeline.delivery.after_commit(ticket, batch, ids, prepared=sends)
+            _note_applied(self._act.state, batch.events, ids)
+            pipeline._fault("flush:after-commit")
+            handed = True
+            await pipeline.delivery.after_commit(ticket, batch, ids, prepared=sends)
+        finally:
+            if not handed:
+                await pipeline.delivery.release(sends)
 
 
 def _from_preload(preload: Preloaded, cached: Cached | None) -> Loaded | None:

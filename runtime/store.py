@@ -615,9 +615,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         """
         k = self.keys
         chained = bool(sends) and self.router is None and not self.replica_wait
-        if chained:
-            link = f"{self._chain_prefix}{next(self._chains)}:"
-            fields = {**(fields or {}), "commit": f"{link}0"}
+        link = f"{self._chain_prefix}{next(self._chains)}:" if chained else ""
         p = k.partition(url)
         fields = fields or {}
         # Built by appending (a commit usually carries one or two of these lists): the
@@ -638,6 +636,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             len(timers),
             len(actions),
             len(closed_actions),
+            f"{link}0" if link else "",
         ]
         for event in events:
             args += event

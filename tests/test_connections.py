@@ -641,3 +641,13 @@ def closed(connection: Any) -> bool:
     from wakeful.connection import closed_by_server
 
     return closed_by_server(connection)
+
+
+def test_event_streams_leave_a_connection_for_calls_and_one_for_the_scripts():
+    """Each open event stream holds a pooled connection and the auto-pipeline keeps one:
+    a cap on streams that would leave no connection for other calls is refused."""
+    with pytest.raises(ConfigError, match=r"max_event_streams \(7\) must be below"):
+        Settings(max_connections=8, max_event_streams=7)
+    with pytest.raises(ConfigError, match=r"max_connections - 1 \(7\)"):
+        Settings(max_connections=8, max_event_streams=7)
+    Settings(max_connections=8, max_event_streams=6)

@@ -16,12 +16,14 @@ from typing import Any
 import msgspec
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
 
 from tests.faults import SimulatedCrash, lapse_soon
 from tests.script_helpers import two_inboxes_with_a_pointer
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
-from wakeful.errors import ReplicaWaitError
+from wakeful.errors import RedisFullError, ReplicaWaitError
+from wakeful.events import DeliveryFailed
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
 from wakeful.store import SEND_WAKE, SEND_WAKE_AFTER, Loaded, Pointer, Preloaded, Script
@@ -536,6 +538,44 @@ async def test_sends_a_broken_chain_left_unsent_are_delivered_after_it_in_order(
     assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
     assert broken == [4]
     assert seen == ["one", "two", "three"]
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["after-commit", "with-commit"])
+async def test_a_send_refused_by_a_full_redis_is_delivered_later_not_failed(cluster, chained):
+    """A send that a Redis at its memory limit refused is delivered again later (the
+    outbox stays undelivered), not reported to its sender as a failed delivery: the
+    message arrives once, and the sender hears of no failure."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    assert rt.store is not None and rt.worker is not None
+    if chained and rt.store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    send, run_chain = rt.store.send, rt.store._run_chain
+    refused: list[bool] = []
+
+    async def full_once(call: Any) -> Any:
+        if call.url == TARGET and not refused:
+            refused.append(True)
+            raise RedisFullError("OOM command not allowed when used memory > 'maxmemory'")
+        return await send(call)
+
+    async def chain_full_once(calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+        if len(calls) < 2 or refused:
+            return await run_chain(calls)
+        refused.append(True)  # the commit runs; its send is refused as Redis would
+        replies = await run_chain(calls[:1])
+        return [*replies, *(OutOfMemoryError("OOM command not allowed") for _ in calls[1:])]
+
+    rt.store.send = full_once  # type: ignore[method-assign]
+    rt.store._run_chain = chain_full_once  # type: ignore[method-assign]
+    if not chained:
+        rt.worker.delivery.prepare = lambda sender, batch: []  # type: ignore[method-assign]
+    await rt.send(SENDER, "hello")
+    await until(lambda: _true(seen == ["hello"]), 30, "the message to arrive")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    assert refused == [True]
+    failed = [r.event async for r in rt.events(SENDER) if isinstance(r.event, DeliveryFailed)]
+    assert failed == []
 
 
 async def test_a_send_applied_with_too_few_replicas_schedules_what_it_read(cluster):
