@@ -10,7 +10,7 @@ import pytest
 import wakeful
 from wakeful import errors
 
-ENGINE_INTERNAL = {"TargetMissingError", "EntityGoneError"}  # never reach a caller
+ENGINE_INTERNAL = {"TargetMissingError", "EntityGoneError", "NotSentError"}  # never reach a caller
 
 
 def error_classes() -> dict[str, type[BaseException]]:
