@@ -26,7 +26,7 @@ from wakeful.errors import RedisFullError, ReplicaWaitError
 from wakeful.events import DeliveryFailed
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
-from wakeful.store import SEND_WAKE, SEND_WAKE_AFTER, Loaded, Pointer, Preloaded, Script
+from wakeful.store import SEND_WAKE, SEND_WAKE_AFTER, Loaded, Pointer, Preloaded, Script, Store
 from wakeful.ticket import WakeTicket
 
 pytestmark = pytest.mark.anyio
@@ -623,15 +623,22 @@ async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_
         pass
 
 
-async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(cluster):
-    """The WAKES scripts of one read run per partition: one that fails (its consumer
-    group is gone, as after a Redis restart without persistence) has delivered nothing,
-    but the others delivered their pointers to this worker, so they are returned."""
+async def one_redis_store(cluster: Any) -> Store:
+    """A client's store, for the inbox-read tests: on a cluster the inboxes are read
+    without the WAKES script, so those skip."""
     rt = await cluster.runtime(run_worker=False)
     store = rt.store
     assert store is not None
     if store.router is not None:
         pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    return store
+
+
+async def test_an_inbox_without_its_group_costs_the_other_partitions_no_pointer(cluster):
+    """The WAKES scripts of one read run per partition: one that fails (its consumer
+    group is gone, as after a Redis restart without persistence) has delivered nothing,
+    but the others delivered their pointers to this worker, so they are returned."""
+    store = await one_redis_store(cluster)
     keys = store.keys
     urls, first, second = await two_inboxes_with_a_pointer(store)
     await store.redis.xgroup_destroy(keys.inbox(second), GROUP)
@@ -647,11 +654,7 @@ async def test_wakes_reads_only_the_partitions_busy_lately(cluster):
     pointer there is not left behind a busy partition (it comes without its entity's
     data, and its partition is read with WAKES from then on). A read that finds nothing
     (the worker is idle) leaves no partition busy."""
-    rt = await cluster.runtime(run_worker=False)
-    store = rt.store
-    assert store is not None
-    if store.router is not None:
-        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    store = await one_redis_store(cluster)
     keys = store.keys
     urls, first, second = await two_inboxes_with_a_pointer(store)
     wakes: list[list[str]] = []
@@ -691,11 +694,7 @@ async def test_a_plain_read_alongside_wakes_whose_reply_is_lost_names_its_partit
     """The plain read of the partitions not read with WAKES ran but its reply was lost:
     the WAKES read's pointers are returned, and those partitions are passed to
     ``unsure`` (their pointers are pending here unseen)."""
-    rt = await cluster.runtime(run_worker=False)
-    store = rt.store
-    assert store is not None
-    if store.router is not None:
-        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    store = await one_redis_store(cluster)
     keys = store.keys
     urls, first, second = await two_inboxes_with_a_pointer(store)
     await store.read_wake_pointers([first], "me", 10, 0)  # the first is busy, the second not
@@ -720,11 +719,7 @@ async def test_a_partition_whose_read_may_have_been_served_is_named_for_a_sweep(
     partition is passed to ``unsure``, since its pointer is now pending for this
     consumer, which never saw it (the listener strands it, for the lease keeper's
     sweep)."""
-    rt = await cluster.runtime(run_worker=False)
-    store = rt.store
-    assert store is not None
-    if store.router is not None:
-        pytest.skip("on a cluster the inboxes are read without the WAKES script")
+    store = await one_redis_store(cluster)
     keys = store.keys
     urls, first, second = await two_inboxes_with_a_pointer(store)
     run = store._run
