@@ -119,8 +119,7 @@ class Delivery:
         outbox = batch.outbox
         if (
             outbox is None
-            or store.router is not None
-            or store.replica_wait
+            or not store.chains_sends
             or len(outbox.effects) > CHAINED_SENDS_MAX
             or any(effect.kind == "expire" for effect in outbox.effects)
             or tracing.tracing_on()

@@ -614,7 +614,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         ``reply`` is set. Elsewhere they do not run here (``reply`` stays None).
         """
         k = self.keys
-        chained = bool(sends) and self.router is None and not self.replica_wait
+        chained = bool(sends) and self.chains_sends
         link = f"{self._chain_prefix}{next(self._chains)}:" if chained else ""
         p = k.partition(url)
         fields = fields or {}
@@ -680,6 +680,13 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         if timers:  # the timer loop sleeps until the earliest timer it knows of
             self._hint_due("timer", p, min(due for _, due, _ in timers))
         return [as_str(i) for i in reply[1:]]
+
+    @property
+    def chains_sends(self) -> bool:
+        """Whether :meth:`commit` runs its ``sends`` (one Redis, no replica wait): their
+        scripts name the sender's metadata, a key of another slot, and a chain of
+        scripts cannot wait for replicas between its links."""
+        return self.router is None and not self.replica_wait
 
     async def _commit_and_send(
         self, keys: list[str], args: list[Any], sends: Sequence[SendCall], link: str
