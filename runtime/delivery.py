@@ -13,11 +13,13 @@ cancelled and the whole outbox is retried later, so no delivery outlives the
 call that started it.
 
 On one Redis (no replica wait, no tracer), the sends of an outbox a wake just made
-go in the round trip of the commit that writes it, right behind it (:meth:`prepare`,
-then ``Store.commit``'s ``sends``): each runs only if the commit and the sends before
-it did, so a fenced commit delivers nothing; what did not run is sent as above. A
-crash at any point leaves the same state as a crash in the plain delivery: the
-outbox not marked delivered, delivered again later, the keys making repeats no-ops.
+go in the round trip of the commit that writes it, right behind it, and the mark
+behind them (:meth:`prepare`, then ``Store.commit``'s ``sends`` and ``mark``): each
+send runs only if the commit and the sends before it did, so a fenced commit delivers
+nothing, and the mark only if every send ran and none was refused; what did not run
+is sent as above, and then marked with the refusals. A crash at any point leaves the
+same state as a crash in the plain delivery: the outbox either marked delivered, or
+not and delivered again later, the keys making repeats no-ops.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from .events import (
 )
 from .store import (
     TRANSIENT_ERRORS,
+    ChainedMark,
     EntityGoneError,
     ReadAs,
     SendCall,
@@ -100,6 +103,22 @@ class PreparedSend:
     local: SendRead | None  # the send reads its target partition's pointers here
 
 
+@dataclass(slots=True)
+class Chain:
+    """An outbox's sends made ready to go in the round trip of the commit that writes
+    it (:meth:`Delivery.prepare`), and the mark to go after them (None: no sends)."""
+
+    sends: list[PreparedSend]
+    mark: ChainedMark | None = None
+
+    @property
+    def calls(self) -> list[SendCall]:
+        return [item.call for item in self.sends]
+
+
+_NO_CHAIN = Chain([])
+
+
 class Delivery:
     def __init__(self, store: Store, fault: Callable[[str], None], stats: dict[str, int]) -> None:
         self.store = store
@@ -109,8 +128,9 @@ class Delivery:
         # the pipeline, which needs this): None, every send leaves its pointer unread.
         self.local: LocalReads | None = None
 
-    def prepare(self, sender: str, batch: CommitBatch) -> list[PreparedSend]:
-        """The sends of ``batch``'s outbox, to go in its commit's round trip (see the
+    def prepare(self, ticket: WakeTicket, batch: CommitBatch, *, ack: bool = False) -> Chain:
+        """The sends of ``batch``'s outbox, to go in its commit's round trip, and the
+        mark after them, which acknowledges the ticket's pointers if ``ack`` (see the
         module docstring); none where they cannot (a cluster, the replica wait, a
         tracer: each delivery has its own span, an expiry: not a send, a large
         fan-out). Pass them to the commit and then to :meth:`after_commit`, or to
@@ -119,12 +139,14 @@ class Delivery:
         outbox = batch.outbox
         if (
             outbox is None
+            or not outbox.effects
             or not store.chains_sends
             or len(outbox.effects) > CHAINED_SENDS_MAX
             or any(effect.kind == "expire" for effect in outbox.effects)
             or tracing.tracing_on()
         ):
-            return []
+            return _NO_CHAIN
+        sender = ticket.url
         prepared: list[PreparedSend] = []
         try:
             for effect in outbox.effects:
@@ -135,13 +157,13 @@ class Delivery:
                 if item.local is not None:
                     item.local.lost()
             raise
-        return prepared
+        return Chain(prepared, ChainedMark(ticket.pointer_ids if ack else []))
 
-    async def release(self, prepared: list[PreparedSend]) -> None:
+    async def release(self, chain: Chain) -> None:
         """The commit the sends went with raised, or what followed it before
         :meth:`after_commit`: what they read is scheduled if their replies came (none,
         if the commit was refused), else left to the lease keeper's sweep."""
-        for item in prepared:
+        for item in chain.sends:
             if item.local is not None:
                 await item.local.finish()
 
@@ -152,7 +174,7 @@ class Delivery:
         ids: list[str],
         *,
         ack: bool = False,
-        prepared: list[PreparedSend] | None = None,
+        chain: Chain = _NO_CHAIN,
     ) -> None:
         """Deliver the outbox a commit just wrote. If this fails, the wake pointer makes
         the next activation (here or on another worker) retry.
@@ -164,7 +186,10 @@ class Delivery:
         wake's own pointer stays pending, so a crash before it leaves it to the next
         owner's sweep, which delivers again as after any crash inside a wake. A
         postponed delivery acknowledges them at once, and the commit's rule adds the
-        fresh pointer that retries it."""
+        fresh pointer that retries it.
+
+        ``chain``: what :meth:`prepare` made ready and the commit ran. If its mark ran
+        (every send went, none refused), the outbox is marked and ``ack`` done."""
         if batch.outbox is None:
             return
         url = ticket.url
@@ -172,11 +197,17 @@ class Delivery:
             i for (flag, _), i in zip(batch.events, ids, strict=False) if flag == OUTBOX
         )
         try:
-            if prepared:
-                failures = await self._chained(url, prepared)
+            if chain.sends:
+                failures = await self._chained(url, chain.sends)
             else:
                 failures = await self.deliver(url, batch.outbox.effects)
+            # On the chained path the mark may be in already: a crash here then finds
+            # the outbox delivered and marked, which is just as good.
             self._fault("deliver:before-mark")
+            if chain.mark is not None and chain.mark.done:
+                assert not failures  # the mark runs only if no send was refused
+                self.stats["marks_chained"] += 1
+                return
             await self._mark(ticket, outbox_id, failures, ack=ack)
         except _POSTPONED as exc:
             log.warning("delivery of %s's outbox %s postponed: %s", url, outbox_id, exc)

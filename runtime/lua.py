@@ -255,18 +255,24 @@ SEND_WAKE = _ENSURE_POINTER + _SEND + _READ_WAKES + _READ_AFTER + "return read_a
 # (Store.commit's ``sends``), applied only if that commit and every send before it in
 # the pipeline were: the commit sets the sender's metadata field 'commit' to the chain's
 # first link, as its last write (a commit that errors midway sets none), and each send
-# finds the link before its own there and leaves its own (a
-# refusal such as 'args' or 'missing' is a result, and passes the chain on). So a
-# refused commit (fenced, gone) delivers nothing, and a send that errors (a full Redis)
-# stops the sends after it, which the worker then makes one by one, in order. The
-# sender's metadata is the last key; the link to find and the one to leave are the
-# last two arguments (after SEND's, or SEND_WAKE's).
+# finds the link before its own there and leaves its own. A refusal such as 'args' or
+# 'missing' is a result and passes the chain on, but marked: the link it leaves ends in
+# '!', and so does every link after it, so the mark at the chain's end (a COMMIT whose
+# 'guard' is the last link, see COMMIT) does not run, and the worker marks the outbox
+# with the refusals as the sender's inputs. So a refused commit (fenced, gone) delivers
+# nothing, and a send that errors (a full Redis) stops the sends after it, which the
+# worker then makes one by one, in order. The sender's metadata is the last key; the
+# link to find and the one to leave are the last two arguments (after SEND's, or
+# SEND_WAKE's).
 # -> {-4, '', ''} the chain was broken (nothing written) | the send's own reply
 _IN_CHAIN = """
 local chain_meta = KEYS[#KEYS]
-if redis.call('HGET', chain_meta, 'commit') ~= ARGV[#ARGV - 1] then return {-4, '', ''} end
+local found, want = redis.call('HGET', chain_meta, 'commit'), ARGV[#ARGV - 1]
+if found ~= want and found ~= want .. '!' then return {-4, '', ''} end
 local reply = send()
-redis.call('HSET', chain_meta, 'commit', ARGV[#ARGV])
+local mine = ARGV[#ARGV]
+if found ~= want or reply[1] < 0 then mine = mine .. '!' end
+redis.call('HSET', chain_meta, 'commit', mine)
 """
 SEND_AFTER = _ENSURE_POINTER + _SEND + _IN_CHAIN + "return reply"
 SEND_WAKE_AFTER = (
@@ -275,8 +281,12 @@ SEND_WAKE_AFTER = (
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
+# A commit with a 'guard' is the mark at the end of a chain of sends (see
+# SEND_AFTER): it runs only if it finds the guard, the chain's last link, in the
+# metadata field 'commit' (the commit and every send ran, none refused), and then
+# records the outbox the chain's commit wrote (its 'chain_out') as delivered.
 # -> {'OK', ids...} | {'UNNOTIFIED', ids...} committed, its notice refused (see
-#    notify) | {'FENCED'} | {'GONE'}
+#    notify) | {'FENCED'} | {'GONE'} | {'UNCHAINED'} a guard not found (nothing written)
 COMMIT = (
     _ID_GT
     + _ENSURE_POINTER
@@ -314,13 +324,21 @@ local n_closed = tonumber(ARGV[15])   -- then n_closed pairs (tool call id, how 
                                       -- to write and (field, chunk) pairs of those
 local link = ARGV[16]                 -- the first link of the chain of sends behind this
                                       -- commit ('' = none; see SEND_AFTER), written last
-local i = 17
+local guard = ARGV[17]                -- the chain's last link, for its mark ('' = none)
+local i = 18
 if redis.call('GET', lease) ~= token then return {'FENCED'} end
 if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
   return {'GONE'}
 end
 local out = {'OK'}
 local changed = false
+local outbox = nil
+if guard ~= '' then
+  local chain = redis.call('HMGET', meta, 'commit', 'chain_out')
+  if chain[1] ~= guard or not chain[2] or chain[2] == '' then return {'UNCHAINED'} end
+  redis.call('HSET', meta, 'out_done', chain[2])
+  changed = true
+end
 for _ = 1, n_events do
   local flag, event = ARGV[i], ARGV[i + 1]
   local id = redis.call('XADD', log, '*', 'e', event)
@@ -330,6 +348,7 @@ for _ = 1, n_events do
   else
     last_out = id
     if flag == 'o' then
+      outbox = id
       redis.call('HSET', meta, 'out_last', id)
       ensure_pointer(meta, inbox, url)
       changed = true
@@ -401,7 +420,7 @@ if snapshot ~= '' then
   -- before its own trim (which files the entity anew).
   redis.call('ZADD', trimdue, 0, url)
 end
-if link ~= '' then redis.call('HSET', meta, 'commit', link) end
+if link ~= '' then redis.call('HSET', meta, 'commit', link, 'chain_out', outbox or '') end
 if changed and not notify(channel, cursor) then out[1] = 'UNNOTIFIED' end
 return out
 """

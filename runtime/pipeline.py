@@ -363,7 +363,7 @@ class WakePipeline:
         # With an outbox the pointers are acknowledged by the delivery's mark, not here:
         # no fresh pointer, and no wake that would only acknowledge it (see after_commit).
         deferred = batch.outbox is not None
-        sends = self.delivery.prepare(ticket.url, batch)
+        chain = self.delivery.prepare(ticket, batch, ack=deferred)
         handed = False  # the sends' reads are after_commit's to end from then on
         try:
             ids = await commit(
@@ -376,7 +376,8 @@ class WakePipeline:
                 snapshot=snapshot,
                 snapshot_seen=wake.pos,
                 snapshot_out=state.applied,
-                sends=[send.call for send in sends],
+                sends=chain.calls,
+                mark=chain.mark,
             )
             if snapshot is not None:
                 state.written(snapshot)  # its chunks are in Redis now
@@ -391,13 +392,13 @@ class WakePipeline:
                 self._done(ticket)
             handed = True
             try:
-                await self.delivery.after_commit(ticket, batch, ids, ack=deferred, prepared=sends)
+                await self.delivery.after_commit(ticket, batch, ids, ack=deferred, chain=chain)
             finally:
                 if deferred:
                     self._done(ticket)
         finally:
             if not handed:
-                await self.delivery.release(sends)
+                await self.delivery.release(chain)
         if snapshot is not None:  # the log before it may go now (what no guarantee needs)
             await self.retention.after_snapshot(ticket)
 
@@ -469,7 +470,7 @@ class _Flush:
         self.last = max_id([self._resumed or ZERO, had])
         partial = f"{act.wake_id} {self.last}"
         pipeline._fault("flush:before-commit")
-        sends = pipeline.delivery.prepare(ticket.url, batch)
+        chain = pipeline.delivery.prepare(ticket, batch)
         handed = False  # as in WakePipeline._commit
         try:
             ids = await commit(
@@ -477,15 +478,16 @@ class _Flush:
                 ticket,
                 batch,
                 fields={"partial": partial},
-                sends=[send.call for send in sends],
+                sends=chain.calls,
+                mark=chain.mark,
             )
             _note_applied(self._act.state, batch.events, ids)
             pipeline._fault("flush:after-commit")
             handed = True
-            await pipeline.delivery.after_commit(ticket, batch, ids, prepared=sends)
+            await pipeline.delivery.after_commit(ticket, batch, ids, chain=chain)
         finally:
             if not handed:
-                await pipeline.delivery.release(sends)
+                await pipeline.delivery.release(chain)
 
 
 def _from_preload(preload: Preloaded, cached: Cached | None) -> Loaded | None:

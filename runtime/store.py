@@ -173,6 +173,17 @@ class SendCall:
 
 
 @dataclass(slots=True)
+class ChainedMark:
+    """The delivery's mark at the end of a commit's chained sends (:meth:`Store.commit`'s
+    ``mark``): a COMMIT, guarded by the chain's last link, that records the outbox the
+    commit wrote as delivered and acknowledges ``acks``. ``done`` is set if it ran; if
+    not (a send refused, errored or not run), the worker marks the outbox itself."""
+
+    acks: Sequence[str]
+    done: bool = False
+
+
+@dataclass(slots=True)
 class ReadAs:
     """A send made by a worker that holds the target's partition under ``token``: the
     SEND_WAKE script reads the partition's new wake pointers for ``consumer`` right
@@ -594,6 +605,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         chunks: Sequence[tuple[str, bytes]] = (),
         drop_chunks: Sequence[str] = (),
         sends: Sequence[SendCall] = (),
+        mark: ChainedMark | None = None,
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -612,48 +624,31 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         trip, right behind it, on one Redis without the replica wait; each runs only if
         the commit and the sends before it did (``lua.py``, SEND_AFTER), and its
         ``reply`` is set. Elsewhere they do not run here (``reply`` stays None).
+        ``mark`` then goes last: the outbox recorded as delivered (and ``mark.acks``
+        acknowledged) if every send ran and none was refused, and ``mark.done`` set.
         """
         k = self.keys
         chained = bool(sends) and self.chains_sends
         link = f"{self._chain_prefix}{next(self._chains)}:" if chained else ""
         p = k.partition(url)
-        fields = fields or {}
-        # Built by appending (a commit usually carries one or two of these lists): the
-        # same arguments, in the COMMIT script's order, as the generators made them.
-        args: list[Any] = [
-            token,
-            GROUP,
-            cursor,
-            created,
-            snapshot,
-            snapshot_seen,
-            snapshot_out,
-            k.idle_channel(url),
+        args = self._commit_args(
             url,
-            len(events),
-            len(acks),
-            len(fields) * 2,
-            len(timers),
-            len(actions),
-            len(closed_actions),
-            f"{link}0" if link else "",
-        ]
-        for event in events:
-            args += event
-        args += acks
-        for item in fields.items():
-            args += item
-        for timer in timers:
-            args += timer
-        args += actions
-        for closed in closed_actions:
-            args += closed
-        # the snapshot's conversation chunks (read only with a snapshot)
-        args.append(len(drop_chunks))
-        args += drop_chunks
-        args.append(len(chunks))
-        for chunk in chunks:
-            args += chunk
+            token,
+            created,
+            events=events,
+            cursor=cursor,
+            acks=acks,
+            fields=fields or {},
+            snapshot=snapshot,
+            snapshot_seen=snapshot_seen,
+            snapshot_out=snapshot_out,
+            timers=timers,
+            actions=actions,
+            closed_actions=closed_actions,
+            chunks=chunks,
+            drop_chunks=drop_chunks,
+            link=f"{link}0" if link else "",
+        )
         keys = [
             k.lease(p),
             k.log(url),
@@ -667,7 +662,11 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             k.trimdue(p),
         ]
         if chained:
-            reply = await self._commit_and_send(keys, args, sends, link)
+            marking: list[Any] | None = None
+            if mark is not None:
+                guard = f"{link}{len(sends)}"
+                marking = self._commit_args(url, token, created, acks=mark.acks, guard=guard)
+            reply = await self._commit_and_send(url, keys, args, sends, link, mark, marking)
         else:
             reply = await self._commit(url, keys, args)
         status = as_str(reply[0])
@@ -688,21 +687,104 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         scripts cannot wait for replicas between its links."""
         return self.router is None and not self.replica_wait
 
+    def _commit_args(
+        self,
+        url: str,
+        token: str,
+        created: str,
+        *,
+        events: Sequence[tuple[str, bytes]] = (),
+        cursor: str = "",
+        acks: Sequence[str] = (),
+        fields: dict[str, Any] | None = None,
+        snapshot: bytes = b"",
+        snapshot_seen: str = "",
+        snapshot_out: str = "",
+        timers: Sequence[tuple[str, int, bytes]] = (),
+        actions: Sequence[str] = (),
+        closed_actions: Sequence[tuple[str, str]] = (),
+        chunks: Sequence[tuple[str, bytes]] = (),
+        drop_chunks: Sequence[str] = (),
+        link: str = "",
+        guard: str = "",
+    ) -> list[Any]:
+        """The COMMIT script's arguments, in its order (see ``lua.py``)."""
+        fields = fields or {}
+        # Built by appending (a commit usually carries one or two of these lists).
+        args: list[Any] = [
+            token,
+            GROUP,
+            cursor,
+            created,
+            snapshot,
+            snapshot_seen,
+            snapshot_out,
+            self.keys.idle_channel(url),
+            url,
+            len(events),
+            len(acks),
+            len(fields) * 2,
+            len(timers),
+            len(actions),
+            len(closed_actions),
+            link,
+            guard,
+        ]
+        for event in events:
+            args += event
+        args += acks
+        for item in fields.items():
+            args += item
+        for timer in timers:
+            args += timer
+        args += actions
+        for closed in closed_actions:
+            args += closed
+        # the snapshot's conversation chunks (read only with a snapshot)
+        args.append(len(drop_chunks))
+        args += drop_chunks
+        args.append(len(chunks))
+        for chunk in chunks:
+            args += chunk
+        return args
+
     async def _commit_and_send(
-        self, keys: list[str], args: list[Any], sends: Sequence[SendCall], link: str
+        self,
+        url: str,
+        keys: list[str],
+        args: list[Any],
+        sends: Sequence[SendCall],
+        link: str,
+        mark: ChainedMark | None,
+        marking: list[Any] | None,
     ) -> Any:
-        """COMMIT and then ``sends``, chained (see :meth:`commit`), in one round trip;
-        the commit's reply. Each send's reply is set on it."""
+        """COMMIT and then ``sends``, chained (see :meth:`commit`), and then the mark
+        (``marking``, its COMMIT's arguments) if any, in one round trip; the commit's
+        reply. Each send's reply is set on it, and ``mark.done`` if the mark ran."""
         meta = keys[2]
         calls = [(COMMIT, keys, args)]
         for n, send in enumerate(sends):
             script = SEND_WAKE_AFTER if send.script is SEND_WAKE else SEND_AFTER
             chain = [f"{link}{n}", f"{link}{n + 1}"]
             calls.append((script, [*send.keys, meta], [*send.argv, *chain]))
+        if marking is not None:
+            calls.append((COMMIT, keys, marking))
         replies = await self._run_chain(calls)
-        for send, reply in zip(sends, replies[1:], strict=True):
+        for send, reply in zip(sends, replies[1 : 1 + len(sends)], strict=True):
             send.reply = reply
+        if mark is not None and marking is not None:
+            mark.done = self._marked(url, replies[-1])
         return replies[0]
+
+    def _marked(self, url: str, reply: Any) -> bool:
+        """Whether the mark at a chain's end ran (an error, UNCHAINED, FENCED or GONE:
+        it wrote nothing, and the worker marks the outbox itself)."""
+        if isinstance(reply, Exception):
+            return False
+        status = as_str(reply[0])
+        if status == "UNNOTIFIED":
+            self._notice_refused(url, "delivery's mark")
+        return status in ("OK", "UNNOTIFIED")
 
     async def _commit(self, url: str, keys: list[str], args: list[Any]) -> Any:
         """The COMMIT script, durable: with the replica wait on, it returns once the

@@ -18,7 +18,7 @@ from . import metrics
 from .activation import CommitBatch
 from .cancellation import CancelSignal
 from .state import SnapshotWrite
-from .store import Preloaded, SendCall, Store
+from .store import ChainedMark, Preloaded, SendCall, Store
 
 _NOTHING = CommitBatch()
 
@@ -79,14 +79,15 @@ async def commit(
     snapshot_seen: str = "",
     snapshot_out: str = "",
     sends: Sequence[SendCall] = (),
+    mark: ChainedMark | None = None,
 ) -> list[str]:
     """Commit ``batch`` (events, timers, actions) for ``ticket``, fenced by its lease.
 
     ``ack`` acknowledges the ticket's wake pointers; ``cursor`` moves the cursor
     past the inputs handled; ``fields`` set metadata; ``snapshot`` writes a snapshot
     with the conversation chunks it seals (and drops those it no longer references);
-    ``sends`` go in the same round trip (``Store.commit``). Returns the ids of the
-    appended events, in order."""
+    ``sends``, and then ``mark``, go in the same round trip (``Store.commit``).
+    Returns the ids of the appended events, in order."""
     with metrics.commit():
         return await store.commit(
             ticket.url,
@@ -101,6 +102,7 @@ async def commit(
             drop_chunks=snapshot.drop if snapshot is not None else (),
             snapshot_seen=snapshot_seen,
             sends=sends,
+            mark=mark,
             snapshot_out=snapshot_out,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
             actions=batch.actions,

@@ -77,6 +77,7 @@ class Worker:
             "effects_delivered": 0,
             "loads_skipped": 0,  # wakes that used what the read of their pointer brought along
             "local_reads": 0,  # sends of deliveries that read their target's pointers too
+            "marks_chained": 0,  # outboxes marked delivered in their commit's round trip
         }
         self._stopping = asyncio.Event()
         self.stopped = asyncio.Event()  # set when run() ends, whether it returns or raises

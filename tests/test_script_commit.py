@@ -24,7 +24,7 @@ from tests.script_helpers import (
 )
 from wakeful import FencedError
 from wakeful.errors import NotSentError
-from wakeful.store import EntityGoneError
+from wakeful.store import ChainedMark, EntityGoneError
 from wakeful.streamids import id_gt
 
 pytestmark = pytest.mark.anyio
@@ -587,3 +587,87 @@ async def test_a_send_that_errors_stops_the_sends_after_it(store):
         store.send_result(after, after.reply)
     assert await log(store, "/t/d") == []
     assert [e for _, e in await log(store, "/t/b")] == [b"C", b"to /t/b"]
+
+
+# -- the delivery's mark at the chain's end (a COMMIT with a guard) -----------------------
+
+
+async def test_the_mark_behind_the_sends_records_the_outbox_delivered_and_acknowledges(store):
+    """Every send ran and none was refused: the mark behind them records the outbox the
+    commit wrote as delivered and acknowledges the wake's pointer, which leaves no new
+    one (nothing is left to do)."""
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, ids, pointer, token = await woken(store)
+    mark = ChainedMark([pointer])
+    outbox = await store.commit(
+        URL,
+        token,
+        events=[("o", b"O")],
+        cursor=ids[-1],
+        created=created,
+        sends=sends_to(store, "/t/b", "/t/c"),
+        mark=mark,
+    )
+    assert mark.done
+    fields = await meta(store, URL)
+    assert fields["out_done"] == fields["out_last"] == outbox[0]
+    assert await unacked(store, URL) == []
+    assert "woke" not in fields
+    assert [f for _, f in await inbox_entries(store, URL) if f == {b"u": URL.encode()}] == []
+
+
+async def test_a_refused_send_leaves_the_mark_to_the_worker(store):
+    """A send the target refuses (other args) passes the chain on, so the sends after it
+    run, but the mark does not: the worker marks the outbox with the refusal as the
+    sender's input."""
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, ids, pointer, token = await woken(store)
+    await store.append_input("/t/b", "t", created=b"C", args=b"A", mode="create")
+    refused = store.send_call("/t/b", "t", created=b"C", args=b"other", mode="create")
+    after = sends_to(store, "/t/c")
+    mark = ChainedMark([pointer])
+    await store.commit(
+        URL,
+        token,
+        events=[("o", b"O")],
+        cursor=ids[-1],
+        created=created,
+        sends=[refused, *after],
+        mark=mark,
+    )
+    assert int(refused.reply[0]) == -1
+    assert store.send_result(after[0], after[0].reply).appended
+    assert not mark.done
+    fields = await meta(store, URL)
+    assert "out_done" not in fields
+    assert await unacked(store, URL) == [pointer]
+
+
+@pytest.mark.parametrize("broken", ["fenced", "a send errors"])
+async def test_a_chain_that_broke_runs_no_mark(store, broken):
+    if store.router is not None:
+        pytest.skip("on a cluster the sends go after the commit")
+    created, _, pointer, token = await woken(store)
+    if broken == "fenced":
+        await take_over(store, store.keys.partition(URL), token)
+    else:
+        await store.redis.set(store.keys.log("/t/c"), "not a stream")
+    mark = ChainedMark([pointer])
+    before = await state(store, URL)
+    try:
+        await store.commit(
+            URL,
+            token,
+            events=[("o", b"O")],
+            created=created,
+            sends=sends_to(store, "/t/b", "/t/c"),
+            mark=mark,
+        )
+    except FencedError:
+        assert broken == "fenced"
+        assert await state(store, URL) == before
+    assert not mark.done
+    assert "out_done" not in await meta(store, URL)
+    assert await unacked(store, URL) == [pointer]

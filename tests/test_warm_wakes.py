@@ -22,8 +22,9 @@ from tests.faults import SimulatedCrash, lapse_soon
 from tests.script_helpers import two_inboxes_with_a_pointer
 from wakeful import Collection, HandlerContext, Message, Registry, Runtime, Settings
 from wakeful.cache import WarmCache
+from wakeful.delivery import Chain
 from wakeful.errors import RedisFullError, ReplicaWaitError
-from wakeful.events import DeliveryFailed
+from wakeful.events import Created, DeliveryFailed, encode_event, pack
 from wakeful.keys import GROUP
 from wakeful.runners import Runners, Slots
 from wakeful.store import SEND_WAKE, SEND_WAKE_AFTER, Loaded, Pointer, Preloaded, Script, Store
@@ -489,7 +490,7 @@ def after_send_wake(
     rt.store._run = failing  # type: ignore[method-assign]
     rt.store._run_chain = failing_chain  # type: ignore[method-assign]
     if not chained:
-        rt.worker.delivery.prepare = lambda sender, batch: []  # type: ignore[method-assign]
+        rt.worker.delivery.prepare = lambda ticket, batch, ack=False: Chain([])  # type: ignore[method-assign]
     rt.worker.runners.strand = stranding  # type: ignore[method-assign]
     return stranded
 
@@ -551,7 +552,7 @@ async def test_sends_a_broken_chain_left_unsent_are_delivered_after_it_in_order(
     assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
     await until(lambda: _true(len(seen) >= 3), 30, "the three messages")
     assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
-    assert broken == [4]
+    assert broken == [5]  # the commit, three sends, the mark
     assert seen == ["one", "two", "three"]
 
 
@@ -584,7 +585,7 @@ async def test_a_send_refused_by_a_full_redis_is_delivered_later_not_failed(clus
     rt.store.send = full_once  # type: ignore[method-assign]
     rt.store._run_chain = chain_full_once  # type: ignore[method-assign]
     if not chained:
-        rt.worker.delivery.prepare = lambda sender, batch: []  # type: ignore[method-assign]
+        rt.worker.delivery.prepare = lambda ticket, batch, ack=False: Chain([])  # type: ignore[method-assign]
     await rt.send(SENDER, "hello")
     await until(lambda: _true(seen == ["hello"]), 30, "the message to arrive")
     assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
@@ -751,3 +752,64 @@ async def test_a_partition_whose_read_may_have_been_served_is_named_for_a_sweep(
     assert [p.url for p in read if isinstance(p, Pointer)] == [urls[first]]
     assert unsure == [second]
     assert (await store.redis.xpending(keys.inbox(second), GROUP))["pending"] == 1
+
+
+async def test_a_send_refused_in_the_commit_round_trip_reaches_its_sender_and_the_rest_go(cluster):
+    """A spawn its target refuses (the child was made meanwhile with other args): the
+    sends after it in the chain still go, the mark at the chain's end does not run, and
+    the worker marks the outbox with the refusal as the sender's input."""
+    seen: list[object] = []
+    failed: list[DeliveryFailed] = []
+    reg = Registry()
+    rt: Runtime
+
+    @reg.entity("sender")
+    async def sender(ctx: HandlerContext) -> None:
+        failed.extend(r.event for r in ctx.wake.events if isinstance(r.event, DeliveryFailed))
+        if ctx.wake.messages:
+            await ctx.spawn("target", "t", {"x": 2})
+            await ctx.send("/target/other", "after the refusal")
+            # The child appears now, with other args, before the commit delivers.
+            assert rt.store is not None
+            created = encode_event(Created(type="target", args={"x": 1}))
+            await rt.store.append_input(
+                TARGET, "target", created=created, args=pack({"x": 1}), mode="create"
+            )
+
+    @reg.entity("target")
+    async def target(ctx: HandlerContext) -> None:
+        seen.extend(m.payload for m in ctx.wake.messages)
+
+    rt = await cluster.runtime(reg)
+    assert rt.worker is not None
+    await rt.send(SENDER, "go")
+    await until(lambda: _true(bool(failed)), 30, "the refusal's input")
+    assert [(f.kind, f.target) for f in failed] == [("spawn", TARGET)]
+    await until(lambda: _true(seen == ["after the refusal"]), 30, "the send after it")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    assert (await rt.status(TARGET)).args == {"x": 1}
+
+
+async def test_an_outbox_whose_sends_all_go_is_marked_in_its_commits_round_trip(cluster):
+    """On one Redis the mark goes behind the sends: a wake that sends is one round trip
+    (its commit, its sends, the mark acknowledging its pointer), not two."""
+    reg = Registry()
+
+    @reg.entity("sender")
+    async def sender(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            await ctx.send(TARGET, m.payload)
+
+    @reg.entity("target")
+    async def target(ctx: HandlerContext) -> None:
+        pass
+
+    rt = await cluster.runtime(reg)
+    assert rt.worker is not None and rt.store is not None
+    await rt.send(SENDER, "hello")
+    assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
+    assert (await rt.wait_idle(TARGET, timeout=30)).status == "idle"
+    fields = await rt.store.meta(SENDER)
+    assert fields["out_done"] == fields["out_last"]
+    chained = rt.store.chains_sends
+    assert rt.worker.stats["marks_chained"] == (1 if chained else 0)
