@@ -204,9 +204,8 @@ class Delivery:
             # On the chained path the mark may be in already: a crash here then finds
             # the outbox delivered and marked, which is just as good.
             self._fault("deliver:before-mark")
-            if chain.mark is not None and chain.mark.done:
-                assert not failures  # the mark runs only if no send was refused
-                self.stats["marks_chained"] += 1
+            if chain.mark is not None and chain.mark.done and not failures:
+                self.stats["marks_chained"] += 1  # (it runs only if no send was refused)
                 return
             await self._mark(ticket, outbox_id, failures, ack=ack)
         except _POSTPONED as exc:
@@ -263,7 +262,7 @@ class Delivery:
             ticket,
             CommitBatch(events=events),
             ack=ack,
-            fields={"out_done": outbox_id},
+            delivered=outbox_id,
         )
 
     async def deliver(self, sender: str, effects: list[Effect]) -> list[DeliveryFailed]:

@@ -281,10 +281,17 @@ SEND_WAKE_AFTER = (
 
 # Event flags: 'e' plain, 'i' input (moves last_in), 'o' outbox (moves out_last and
 # adds a wake pointer so the delivery happens even if this worker dies now).
+# A delivery's mark is a commit with 'delivered', the outbox it delivered: out_done
+# moves to it, unless an earlier outbox is still undelivered. That happens when an
+# outbox was appended behind one not yet delivered (a timer fired while the wake ran,
+# or a flush's delivery was postponed): the commit then notes 'out_wait' = '<its id>
+# <the outbox before it>', and the mark of that outbox leaves out_done alone until
+# out_done has reached the one before (the commit's pointer rule, out_last past
+# out_done, makes the next wake deliver them all in order, and mark each).
 # A commit with a 'guard' is the mark at the end of a chain of sends (see
 # SEND_AFTER): it runs only if it finds the guard, the chain's last link, in the
 # metadata field 'commit' (the commit and every send ran, none refused), and then
-# records the outbox the chain's commit wrote (its 'chain_out') as delivered.
+# marks the outbox the chain's commit wrote (its 'chain_out').
 # -> {'OK', ids...} | {'UNNOTIFIED', ids...} committed, its notice refused (see
 #    notify) | {'FENCED'} | {'GONE'} | {'UNCHAINED'} a guard not found (nothing written)
 COMMIT = (
@@ -325,7 +332,8 @@ local n_closed = tonumber(ARGV[15])   -- then n_closed pairs (tool call id, how 
 local link = ARGV[16]                 -- the first link of the chain of sends behind this
                                       -- commit ('' = none; see SEND_AFTER), written last
 local guard = ARGV[17]                -- the chain's last link, for its mark ('' = none)
-local i = 18
+local delivered = ARGV[18]            -- the outbox this mark records ('' = none)
+local i = 19
 if redis.call('GET', lease) ~= token then return {'FENCED'} end
 if incarnation ~= '' and redis.call('HGET', meta, 'created') ~= incarnation then
   return {'GONE'}
@@ -336,7 +344,15 @@ local outbox = nil
 if guard ~= '' then
   local chain = redis.call('HMGET', meta, 'commit', 'chain_out')
   if chain[1] ~= guard or not chain[2] or chain[2] == '' then return {'UNCHAINED'} end
-  redis.call('HSET', meta, 'out_done', chain[2])
+  delivered = chain[2]
+end
+if delivered ~= '' then
+  local m = redis.call('HMGET', meta, 'out_done', 'out_wait')
+  local done = m[1] or '0-0'
+  local waits, before = string.match(m[2] or '', '^(%S+) (%S+)$')
+  if id_gt(delivered, done) and not (waits == delivered and id_gt(before, done)) then
+    redis.call('HSET', meta, 'out_done', delivered)
+  end
   changed = true
 end
 for _ = 1, n_events do
@@ -349,6 +365,10 @@ for _ = 1, n_events do
     last_out = id
     if flag == 'o' then
       outbox = id
+      local m = redis.call('HMGET', meta, 'out_last', 'out_done')
+      if m[1] and id_gt(m[1], m[2] or '0-0') then  -- an earlier outbox is undelivered
+        redis.call('HSET', meta, 'out_wait', id .. ' ' .. m[1])
+      end
       redis.call('HSET', meta, 'out_last', id)
       ensure_pointer(meta, inbox, url)
       changed = true

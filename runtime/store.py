@@ -606,6 +606,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         drop_chunks: Sequence[str] = (),
         sends: Sequence[SendCall] = (),
         mark: ChainedMark | None = None,
+        delivered: str = "",
     ) -> list[str]:
         """Fenced commit: append events, ack wake pointers, advance the cursor, add timers.
 
@@ -626,6 +627,9 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         ``reply`` is set. Elsewhere they do not run here (``reply`` stays None).
         ``mark`` then goes last: the outbox recorded as delivered (and ``mark.acks``
         acknowledged) if every send ran and none was refused, and ``mark.done`` set.
+
+        ``delivered`` (a delivery's mark) is the outbox now delivered: ``out_done``
+        moves to it unless an outbox before it is not delivered yet (``lua.py``, COMMIT).
         """
         k = self.keys
         chained = bool(sends) and self.chains_sends
@@ -648,6 +652,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             chunks=chunks,
             drop_chunks=drop_chunks,
             link=f"{link}0" if link else "",
+            delivered=delivered,
         )
         keys = [
             k.lease(p),
@@ -707,6 +712,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         drop_chunks: Sequence[str] = (),
         link: str = "",
         guard: str = "",
+        delivered: str = "",
     ) -> list[Any]:
         """The COMMIT script's arguments, in its order (see ``lua.py``)."""
         fields = fields or {}
@@ -729,6 +735,7 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
             len(closed_actions),
             link,
             guard,
+            delivered,
         ]
         for event in events:
             args += event
@@ -773,7 +780,10 @@ class Store(EntityReads, ScheduleStore, LeaseStore):
         for send, reply in zip(sends, replies[1 : 1 + len(sends)], strict=True):
             send.reply = reply
         if mark is not None and marking is not None:
-            mark.done = self._marked(url, replies[-1])
+            # A send that answered an error may have run (its link left) and failed
+            # after: the worker makes it again, and then marks with what it hears.
+            sent = all(not isinstance(send.reply, Exception) for send in sends)
+            mark.done = self._marked(url, replies[-1]) and sent
         return replies[0]
 
     def _marked(self, url: str, reply: Any) -> bool:

@@ -80,13 +80,15 @@ async def commit(
     snapshot_out: str = "",
     sends: Sequence[SendCall] = (),
     mark: ChainedMark | None = None,
+    delivered: str = "",
 ) -> list[str]:
     """Commit ``batch`` (events, timers, actions) for ``ticket``, fenced by its lease.
 
     ``ack`` acknowledges the ticket's wake pointers; ``cursor`` moves the cursor
     past the inputs handled; ``fields`` set metadata; ``snapshot`` writes a snapshot
     with the conversation chunks it seals (and drops those it no longer references);
-    ``sends``, and then ``mark``, go in the same round trip (``Store.commit``).
+    ``sends``, and then ``mark``, go in the same round trip (``Store.commit``);
+    ``delivered`` is the outbox a delivery's mark records.
     Returns the ids of the appended events, in order."""
     with metrics.commit():
         return await store.commit(
@@ -103,6 +105,7 @@ async def commit(
             snapshot_seen=snapshot_seen,
             sends=sends,
             mark=mark,
+            delivered=delivered,
             snapshot_out=snapshot_out,
             timers=[(t.member, t.due_ms, t.data) for t in batch.timers],
             actions=batch.actions,

@@ -284,3 +284,48 @@ async def test_a_pointer_another_worker_read_late_is_taken_over_by_the_owner(clu
     assert (await rt.wait_idle("/sink/a", timeout=30)).status == "idle"
     assert seen == ["hello"]
     assert lost == ([p] if claim == "its reply lost" else [])
+
+
+async def test_a_timer_fired_while_its_entity_runs_is_delivered_though_the_wake_then_sends(cluster):
+    """The timer's outbox lands in the log while a wake of its entity runs, and that
+    wake then commits an outbox of its own and delivers it: the mark of the later one
+    must not record the timer's as delivered too, or its message is lost."""
+    seen: list[object] = []
+    fired = asyncio.Event()
+    reg = app(seen)
+
+    @reg.entity("clock")
+    async def clock(ctx: HandlerContext) -> None:
+        for m in ctx.wake.messages:
+            if m.payload == "arm":
+                await ctx.send("/sink/s", "tick", after=0.5)
+            elif m.payload == "slow":
+                await fired.wait()  # the timer fires meanwhile
+                await ctx.send("/sink/s", "after")
+
+    rt = await cluster.runtime(reg)
+    assert rt.store is not None
+    url = "/clock/c"
+    await rt.send(url, "arm")
+    await until(lambda: _timers(rt, url, 1), 30, "the timer to be set")
+    await rt.send(url, "slow")
+
+    async def timer_fired() -> bool:
+        if await _timers(rt, url, 0):
+            fired.set()
+        return fired.is_set()
+
+    await until(timer_fired, 30, "the timer to fire while the wake waits")
+    await until(lambda: _has(seen, "tick", "after"), 30, "both messages at the sink")
+    assert sorted(map(str, seen)) == ["after", "tick"]
+    assert (await rt.wait_idle(url, timeout=30)).status == "idle"
+    fields = await rt.store.meta(url)
+    assert fields["out_done"] == fields["out_last"]
+
+
+async def _timers(rt, url: str, n: int) -> bool:
+    return (await rt.status(url)).timers == n
+
+
+async def _has(seen: list[object], *payloads: str) -> bool:
+    return all(p in seen for p in payloads)
