@@ -74,7 +74,7 @@ CRASH_POINTS = [
     ("deliver:after-notify", 2),
     ("deliver:read-here", 1),  # a child created and its pointer read here, not scheduled
     ("deliver:read-here", 4),  # a send or a run_finished notice read here
-    ("deliver:before-mark", 1),  # every effect delivered, out_done not moved
+    ("deliver:before-mark", 1),  # every effect delivered (on one Redis, marked too)
     ("deliver:before-mark", 3),
     ("timer:before-fire", 1),
     ("timer:after-fire", 1),
