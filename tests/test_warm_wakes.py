@@ -793,18 +793,7 @@ async def test_a_send_refused_in_the_commit_round_trip_reaches_its_sender_and_th
 async def test_an_outbox_whose_sends_all_go_is_marked_in_its_commits_round_trip(cluster):
     """On one Redis the mark goes behind the sends: a wake that sends is one round trip
     (its commit, its sends, the mark acknowledging its pointer), not two."""
-    reg = Registry()
-
-    @reg.entity("sender")
-    async def sender(ctx: HandlerContext) -> None:
-        for m in ctx.wake.messages:
-            await ctx.send(TARGET, m.payload)
-
-    @reg.entity("target")
-    async def target(ctx: HandlerContext) -> None:
-        pass
-
-    rt = await cluster.runtime(reg)
+    rt = await cluster.runtime(app([]))
     assert rt.worker is not None and rt.store is not None
     await rt.send(SENDER, "hello")
     assert (await rt.wait_idle(SENDER, timeout=30)).status == "idle"
