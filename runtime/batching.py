@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from .connection import closed_by_server
+from .connection import HiredisPackingConnection, closed_by_server
 from .tasks import OwnedTasks
 
 log = logging.getLogger("wakeful.batching")
@@ -149,12 +149,15 @@ class AutoPipeline:
             await connection.disconnect()  # it connects again as it sends
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
+            if isinstance(connection, HiredisPackingConnection):
+                replies = await connection.read_replies(len(commands))
+            else:  # TLS, a unix socket, fakeredis: one read (and timeout) per reply
+                replies = []
+                for _ in commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
         except BaseException:
             # Replies may still be on their way: the connection is not used again.
             await connection.disconnect()

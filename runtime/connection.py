@@ -96,6 +96,35 @@ class HiredisPackingConnection(Connection):
             await self.disconnect(nowait=True)
             raise
 
+    async def read_replies(self, n: int) -> list[Any]:
+        """The next ``n`` replies, an error reply as its :class:`ResponseError` (as a
+        pipeline's ``raise_on_error=False`` gives it), under one read timeout for all of
+        them: redis-py's ``read_response`` sets up a timeout of its own for every reply,
+        a timer scheduled and cancelled each time (an auto-pipeline's batch reads one
+        reply per wake). Like ``read_response``, it disconnects on any failure: replies
+        may still be on their way."""
+        parser: Any = self._parser
+        replies: list[Any] = []
+        try:
+            async with asyncio.timeout(self.socket_timeout):
+                for _ in range(n):
+                    reply = await parser.read_response()
+                    replies.append(reply)
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise redis.exceptions.TimeoutError(
+                f"Timeout reading from {self._host_error()}"
+            ) from None
+        except OSError as exc:
+            await self.disconnect(nowait=True)
+            raise redis.exceptions.ConnectionError(
+                f"Error while reading from {self._host_error()} : {exc.args}"
+            ) from exc
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+        return replies
+
     def pack_command(self, *args: Any) -> list[bytes]:
         name = args[0]
         if (isinstance(name, str) and " " in name) or (

@@ -133,6 +133,9 @@ class Keyspace:
         self.types = f"{prefix}:types"
         # Made once: a commit names ten keys, and a wake used to make each tag anew.
         self._tags = [self._make_tag(p) for p in range(partitions)]
+        # The last url's tag: a commit names five keys of one entity in a row. One tuple,
+        # so a thread of its own (the stall guard's) never reads one url's tag for another.
+        self._last: tuple[str | None, str] = (None, "")
 
     def partition(self, url: str) -> int:
         return zlib.crc32(url.encode()) % self.partitions
@@ -149,7 +152,12 @@ class Keyspace:
 
     def url_tag(self, url: str) -> str:
         """The tag of ``url``'s partition (the start of each of its keys)."""
-        return self._tags[zlib.crc32(url.encode()) % self.partitions]
+        last = self._last
+        if last[0] == url:
+            return last[1]
+        tag = self._tags[zlib.crc32(url.encode()) % self.partitions]
+        self._last = (url, tag)
+        return tag
 
     def slot_key(self, partition: int) -> str:
         """A key in ``partition``'s slot (for routing a command that names no key)."""

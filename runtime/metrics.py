@@ -21,15 +21,18 @@ pointer waited in the inbox; clocks of Redis and the worker may differ a little.
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .errors import ModelError
 from .instrument import Call, around
@@ -38,6 +41,45 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class Histogram(Collector):
+    """A histogram without labels, observed from one thread (a worker's event loop).
+
+    ``prometheus_client.Histogram`` takes a lock for its sum and another for the
+    bucket, and scans the buckets: three observations a wake made it a few percent of
+    a one-message wake's CPU. Here an observation is a bisection and two additions. A
+    second thread observing at the same moment could lose one count, never corrupt
+    one; every observation in Wakeful is made on the worker's loop."""
+
+    def __init__(
+        self, name: str, documentation: str, *, buckets: Sequence[float], registry: Any
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = sorted(float(b) for b in buckets if b != math.inf)
+        self._labels = [floatToGoString(b) for b in [*self._bounds, math.inf]]
+        self._counts = [0] * (len(self._bounds) + 1)  # per bucket, not cumulative
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe(self, amount: float) -> None:
+        # bisect_left: a value equal to a bound belongs to that bound's bucket (le)
+        self._counts[bisect.bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._documentation)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation)
+        cumulative, buckets = 0, []
+        for label, count in zip(self._labels, self._counts, strict=True):
+            cumulative += count
+            buckets.append((label, float(cumulative)))
+        family.add_metric([], buckets, self._sum)
+        yield family
+
 
 WAKES = Counter(
     "wakeful_wakes",

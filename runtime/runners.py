@@ -15,6 +15,7 @@ the pointers stay pending for a later sweep.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -41,13 +42,18 @@ class Slots:
     """At most ``n`` holders at once, first come first served, in O(1) per acquire and
     release: a busy worker has hundreds of runners waiting for a slot, and on Python
     3.11 ``asyncio.Semaphore`` scans its waiters at each release (it was among the top
-    entries of the profile of one-message wakes)."""
+    entries of the profile of one-message wakes).
+
+    A holder either waits (:meth:`acquire`) or is started holding a slot
+    (:meth:`start`): a runner's first activation does not exist as a task until its
+    slot is free, so a read of hundreds of pointers does not make hundreds of tasks
+    that each run, park on a future and are woken again."""
 
     def __init__(self, n: int) -> None:
         self._free = n
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[None] | Callable[[], None]] = deque()
 
-    async def __aenter__(self) -> None:
+    async def acquire(self) -> None:
         if self._free > 0 and not self._waiters:
             self._free -= 1
             return
@@ -57,16 +63,32 @@ class Slots:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():  # granted, then cancelled
-                self._release()
+                self.release()
             raise
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._release()
+    async def __aenter__(self) -> None:
+        await self.acquire()
 
-    def _release(self) -> None:
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def start(self, begin: Callable[[], None]) -> None:
+        """Call ``begin`` holding a slot: now if one is free, else when one is handed on,
+        in turn with the waiters. ``begin`` must not raise, and the slot is its to
+        :meth:`release`."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            begin()
+        else:
+            self._waiters.append(begin)
+
+    def release(self) -> None:
         """Hand the slot to the first waiter still waiting, or free it."""
         while self._waiters:
             waiter = self._waiters.popleft()
+            if not isinstance(waiter, asyncio.Future):
+                waiter()
+                return
             if not waiter.done():
                 waiter.set_result(None)
                 return
@@ -96,7 +118,8 @@ class Runner:
     partition: int
     pointer_ids: list[str] = field(default_factory=list)  # collected for the next activation
     cancels: CancelSlot = field(default_factory=CancelSlot)  # holds the current wake's signal
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None  # None until a slot is free for its first wake
+    holds_slot: bool = False  # started holding a slot, for its first activation
     # what the read (the inbox's, or a send's) brought with the pointer that started the
     # runner: its id, it, and the lease token the read was made under
     preload: tuple[str, Preloaded, str] | None = None
@@ -266,9 +289,7 @@ class Runners:
                 assert pointer.preload is not None
                 runner.preload = (pointer.entry_id, pointer.preload, read_under)
             self.idle.clear()
-            runner.task = self._group.create_task(
-                self._run_entity(runner), name=f"wake {pointer.url}"
-            )
+            self._slots.start(functools.partial(self._begin, runner))
         else:  # a wake of it runs: the read may predate that wake's commit
             runner.preload = None
         runner.pointer_ids.append(pointer.entry_id)
@@ -299,6 +320,22 @@ class Runners:
 
     # -- one entity's activations ------------------------------------------------------
 
+    def _begin(self, runner: Runner) -> None:
+        """A slot is free for ``runner``'s first activation: start its task, which
+        releases the slot when that activation ends."""
+        group = self._group
+        try:
+            if group is None:  # closed meanwhile: its pointers stay pending
+                raise RuntimeError("the runners are closed")
+            runner.task = group.create_task(self._run_entity(runner), name=f"wake {runner.url}")
+        except RuntimeError:  # closed, or its task group is shutting down
+            self._slots.release()
+            self._end(runner)
+            return
+        # A task cancelled before its first step runs none of its code: the slot it was
+        # given is then never released. Only a stopping worker cancels runners.
+        runner.holds_slot = True
+
     async def _run_entity(self, runner: Runner) -> None:
         try:
             while runner.pointer_ids and self._token(runner.partition) is not None:
@@ -311,21 +348,32 @@ class Runners:
             log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
             self.cache.forget(runner.url)
         finally:
-            if runner.pointer_ids:  # left pending: the lease keeper sweeps them later
-                self._stranded.add(runner.partition)
-            # Parking a crashed wake commits after the attempt's own mark: a read sent
-            # before it must not bring back what it replaced.
-            self._touch(runner.url)
-            self.untrack(runner.partition, runner.pointer_ids)
-            self._runners.pop(runner.url, None)
-            if not self._runners:
-                self.idle.set()
+            if runner.holds_slot:  # ended before its first activation took the slot
+                runner.holds_slot = False
+                self._slots.release()
+            self._end(runner)
+
+    def _end(self, runner: Runner) -> None:
+        """``runner`` is done: what it still holds stays pending (the lease keeper
+        sweeps it later)."""
+        if runner.pointer_ids:
+            self._stranded.add(runner.partition)
+        # Parking a crashed wake commits after the attempt's own mark: a read sent
+        # before it must not bring back what it replaced.
+        self._touch(runner.url)
+        self.untrack(runner.partition, runner.pointer_ids)
+        self._runners.pop(runner.url, None)
+        if not self._runners:
+            self.idle.set()
 
     async def _attempt(self, runner: Runner, pointer_ids: list[str]) -> None:
         """One activation of ``runner``'s entity; decides what happens to the pointers."""
         url = runner.url
         try:
-            async with self._slots:
+            held, runner.holds_slot = runner.holds_slot, False
+            if not held:
+                await self._slots.acquire()
+            try:
                 # Taken once the slot is held: a cancel heard while waiting drops it.
                 preload, runner.preload = runner.preload, None
                 token = self._token(runner.partition)
@@ -356,6 +404,8 @@ class Runners:
                     # unacknowledged. If the lease is renewed rather than taken over (it
                     # lapsed here only), no acquisition claims them: sweep them here.
                     self._stranded.add(runner.partition)
+            finally:
+                self._slots.release()
         except RetryLater as retry:
             runner.pointer_ids[:0] = pointer_ids  # keep them (unacked) for the next attempt
             await self._sleep_or_lose(runner, retry.delay)

@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.apps.harness import free_port
 from tests.gateway_apps import http_for
-from wakeful import AgentTool, HandlerContext, Registry, ScriptedModel, ToolResult
+from wakeful import AgentTool, HandlerContext, Registry, ScriptedModel, ToolResult, metrics
 from wakeful.errors import EntityNotFoundError
 from wakeful.models import ModelError, ModelResponse, Usage
 
@@ -319,3 +320,20 @@ def test_a_metrics_port_in_use_fails_the_worker_before_it_starts(server_url, pre
     assert done.returncode == 1
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1" in done.stderr
     assert "worker" not in done.stdout  # it never started
+
+
+def test_a_histogram_counts_each_value_in_its_bucket_and_every_one_above():
+    """Wakeful's own histogram (observed on the worker's loop, without locks) renders
+    as the Prometheus text format's histogram: cumulative buckets, a value equal to a
+    bound in that bound's bucket, and the count and sum."""
+    registry = CollectorRegistry()
+    histogram = metrics.Histogram("t_seconds", "test", buckets=(0.1, 1, 10), registry=registry)
+    for amount in (0.05, 0.1, 0.5, 20):
+        histogram.observe(amount)
+    text = generate_latest(registry).decode()
+    assert value(text, "t_seconds_bucket", le="0.1") == 2
+    assert value(text, "t_seconds_bucket", le="1.0") == 3
+    assert value(text, "t_seconds_bucket", le="10.0") == 3
+    assert value(text, "t_seconds_bucket", le="+Inf") == 4
+    assert value(text, "t_seconds_count") == 4
+    assert value(text, "t_seconds_sum") == pytest.approx(20.65)

@@ -639,6 +639,66 @@ async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_
         pass
 
 
+def test_a_started_holder_takes_its_turn_with_the_waiters():
+    """``Slots.start`` runs its holder at once while a slot is free, and otherwise when
+    a slot is handed on, in turn with the holders that wait for one."""
+    slots = Slots(1)
+    began: list[str] = []
+    slots.start(lambda: began.append("a"))  # free: at once
+    slots.start(lambda: began.append("b"))  # queued
+    slots.start(lambda: began.append("c"))
+    assert began == ["a"]
+    slots.release()  # a's slot goes to b
+    assert began == ["a", "b"]
+    slots.release()
+    slots.release()  # c's: now free
+    assert began == ["a", "b", "c"]
+    slots.start(lambda: began.append("d"))
+    assert began == ["a", "b", "c", "d"]
+
+
+async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
+    """A read of many pointers starts a runner's task only once a slot is free for it:
+    with two slots, never more than two wake tasks exist, and every entity wakes once,
+    in the order its pointer came."""
+    release = asyncio.Event()
+    woke: list[str] = []
+    most = 0
+
+    def wake_tasks() -> int:
+        return sum(t.get_name().startswith("wake ") for t in asyncio.all_tasks())
+
+    async def activate(ticket: WakeTicket) -> None:
+        nonlocal most
+        most = max(most, wake_tasks())
+        woke.append(ticket.url)
+        await release.wait()
+        runners.done(ticket)
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    settings = Settings(max_concurrency=2)
+    runners = Runners(
+        settings, "w", WarmCache(10, lambda url: None), {}, lambda p: "t", activate, crashed
+    )
+    urls = [f"/notes/n{i}" for i in range(20)]
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        for n, url in enumerate(urls):
+            runners.schedule(Pointer(0, f"{n + 1}-0", url))
+        assert wake_tasks() == 2
+        while len(woke) < 2:
+            await asyncio.sleep(0)  # let the first two in (yield, no wall time)
+        release.set()
+        await runners.idle.wait()
+        runners.close()
+    assert woke == urls
+    assert most == 2
+    assert runners.backlog() == 0
+
+
 async def one_redis_store(cluster: Any) -> Store:
     """A client's store, for the inbox-read tests: on a cluster the inboxes are read
     without the WAKES script, so those skip."""
