@@ -716,3 +716,16 @@ async def test_a_mark_never_moves_out_done_back(store):
     await store.commit(URL, token, created=created, delivered=second)
     await store.commit(URL, token, created=created, delivered=first)  # late, or repeated
     assert (await meta(store, URL))["out_done"] == second
+
+
+@pytest.mark.parametrize("garbage", ["", "junk", "1-0", "a-b c-d", "\xff\xfe", "<it> junk"])
+async def test_a_mark_reads_a_corrupted_out_wait_as_no_wait(store, garbage):
+    """``out_wait`` written over by hand (or by a bug) with something that is not
+    "<id> <id>" (or names the outbox, and then no id): the mark does not fail on it,
+    and moves out_done as without it."""
+    created, _, _, token = await woken(store)
+    [outbox] = await store.commit(URL, token, events=[("o", b"O")], created=created)
+    garbage = garbage.replace("<it>", outbox)
+    await store.redis.hset(store.keys.meta(URL), "out_wait", garbage)
+    await store.commit(URL, token, created=created, delivered=outbox)
+    assert (await meta(store, URL))["out_done"] == outbox
