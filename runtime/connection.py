@@ -61,6 +61,11 @@ CLUSTER_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+_DEADLINE_SLACK_S = 0.001
+"""How late a batch's read deadline may run behind "``socket_timeout`` after the last
+reply" (see :meth:`HiredisPackingConnection.read_replies`)."""
+
+
 class HiredisPackingConnection(Connection):
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
@@ -98,18 +103,26 @@ class HiredisPackingConnection(Connection):
 
     async def read_replies(self, n: int) -> list[Any]:
         """The next ``n`` replies, an error reply as its :class:`ResponseError` (as a
-        pipeline's ``raise_on_error=False`` gives it), under one read timeout for all of
-        them: redis-py's ``read_response`` sets up a timeout of its own for every reply,
-        a timer scheduled and cancelled each time (an auto-pipeline's batch reads one
-        reply per wake). Like ``read_response``, it disconnects on any failure: replies
-        may still be on their way."""
+        pipeline's ``raise_on_error=False`` gives it). Each reply may take
+        ``socket_timeout`` after the one before, as with redis-py's ``read_response``,
+        which sets up a timeout of its own for every reply: a timer scheduled and
+        cancelled each time (an auto-pipeline's batch reads one reply per wake). Here
+        one timer is moved on only when replies come apart in time (the replies of a
+        batch mostly come in one read; a batch of replica WAITs takes one wait each).
+        Like ``read_response``, it disconnects on any failure: replies may still be on
+        their way."""
         parser: Any = self._parser
+        timeout = self.socket_timeout
+        clock = asyncio.get_running_loop().time
         replies: list[Any] = []
         try:
-            async with asyncio.timeout(self.socket_timeout):
+            async with asyncio.timeout(timeout) as deadline:
+                moved = clock()
                 for _ in range(n):
-                    reply = await parser.read_response()
-                    replies.append(reply)
+                    replies.append(await parser.read_response())
+                    if timeout is not None and clock() - moved > _DEADLINE_SLACK_S:
+                        moved = clock()
+                        deadline.reschedule(moved + timeout)
         except TimeoutError:
             await self.disconnect(nowait=True)
             raise redis.exceptions.TimeoutError(

@@ -72,24 +72,34 @@ class Slots:
     async def __aexit__(self, *exc: object) -> None:
         self.release()
 
-    def start(self, begin: Callable[[], None]) -> None:
+    def start(self, begin: Callable[[], bool]) -> None:
         """Call ``begin`` holding a slot: now if one is free, else when one is handed on,
-        in turn with the waiters. ``begin`` must not raise, and the slot is its to
-        :meth:`release`."""
+        in turn with the waiters. ``begin`` returns whether it took the slot (then the
+        slot is its to :meth:`release`; if not, it goes on at once); it must not raise."""
         if self._free > 0 and not self._waiters:
             self._free -= 1
-            begin()
+            if not begin():
+                self.release()
         else:
             self._waiters.append(begin)
 
+    def decline_starts(self) -> None:
+        """Call every ``begin`` still queued now, without a slot: each must decline."""
+        starts = [w for w in self._waiters if not isinstance(w, asyncio.Future)]
+        self._waiters = deque(w for w in self._waiters if isinstance(w, asyncio.Future))
+        for begin in starts:
+            taken = begin()
+            assert not taken, "a start given no slot took one"
+
     def release(self) -> None:
-        """Hand the slot to the first waiter still waiting, or free it."""
+        """Hand the slot to the first waiter still waiting (a loop, not a recursion: the
+        starts that decline pass it on), or free it."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not isinstance(waiter, asyncio.Future):
-                waiter()
-                return
-            if not waiter.done():
+                if waiter():
+                    return
+            elif not waiter.done():
                 waiter.set_result(None)
                 return
         self._free += 1
@@ -170,8 +180,10 @@ class Runners:
         self._group = group
 
     def close(self) -> None:
-        """Start no more runners: pointers scheduled from now on stay pending."""
+        """Start no more runners: pointers scheduled from now on stay pending, and so do
+        those of the runners still waiting for a slot (they end now)."""
         self._group = None
+        self._slots.decline_starts()
 
     def own(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> None:
         """Run background work of the runners (a capability cleanup) in their group."""
@@ -320,21 +332,30 @@ class Runners:
 
     # -- one entity's activations ------------------------------------------------------
 
-    def _begin(self, runner: Runner) -> None:
+    def _begin(self, runner: Runner) -> bool:
         """A slot is free for ``runner``'s first activation: start its task, which
-        releases the slot when that activation ends."""
+        releases the slot when that activation ends. Declined (False) once the runners
+        are closed: the runner ends, its pointers pending."""
         group = self._group
         try:
-            if group is None:  # closed meanwhile: its pointers stay pending
+            if group is None:
                 raise RuntimeError("the runners are closed")
-            runner.task = group.create_task(self._run_entity(runner), name=f"wake {runner.url}")
+            task = group.create_task(self._run_entity(runner), name=f"wake {runner.url}")
         except RuntimeError:  # closed, or its task group is shutting down
+            self._end(runner)
+            return False
+        runner.task = task
+        runner.holds_slot = True
+        task.add_done_callback(functools.partial(self._unstarted, runner))
+        return True
+
+    def _unstarted(self, runner: Runner, task: asyncio.Task[None]) -> None:
+        """A runner's task ended: if it was cancelled before its first step (a stopping
+        worker), none of its code ran, so its slot and its place are given up here."""
+        if runner.holds_slot:
+            runner.holds_slot = False
             self._slots.release()
             self._end(runner)
-            return
-        # A task cancelled before its first step runs none of its code: the slot it was
-        # given is then never released. Only a stopping worker cancels runners.
-        runner.holds_slot = True
 
     async def _run_entity(self, runner: Runner) -> None:
         try:

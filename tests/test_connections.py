@@ -637,6 +637,27 @@ async def test_the_auto_pipelines_kept_connection_closed_by_the_server_is_made_a
         await redis.aclose()
 
 
+async def test_each_reply_of_a_batch_gets_the_socket_timeout_after_the_one_before(
+    real_redis_url,
+):
+    """The auto-pipeline reads a batch's replies under one timer, moved on as replies
+    come apart in time: with the replica wait on, every durable call is a script and a
+    WAIT, and Redis serves a batch's WAITs one after another. Four WAITs of 0.3 s on a
+    connection that gives up on a reply after 0.5 s: each reply comes within its
+    timeout, so the batch (1.2 s) answers, and no caller gets a timeout."""
+    from wakeful.batching import AutoPipeline, Commands
+    from wakeful.connection import connect
+
+    redis = connect(real_redis_url, socket_timeout_s=0.5)
+    try:
+        batch = AutoPipeline(redis)
+        stage = Commands(("PING",), ("WAIT", 1, 300))  # no replica: each WAIT takes 0.3 s
+        replies = await asyncio.gather(*(batch.execute(stage) for _ in range(4)))
+        assert [reply[1] for reply in replies] == [0, 0, 0, 0]  # no replica confirmed
+    finally:
+        await redis.aclose()
+
+
 def closed(connection: Any) -> bool:
     from wakeful.connection import closed_by_server
 

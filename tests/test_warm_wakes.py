@@ -641,20 +641,30 @@ async def test_wake_slots_bound_the_wakes_in_order_and_a_cancelled_waiter_leaks_
 
 def test_a_started_holder_takes_its_turn_with_the_waiters():
     """``Slots.start`` runs its holder at once while a slot is free, and otherwise when
-    a slot is handed on, in turn with the holders that wait for one."""
+    a slot is handed on, in turn with the holders that wait for one; a holder that
+    declines (its runner ended meanwhile) passes the slot on."""
     slots = Slots(1)
     began: list[str] = []
-    slots.start(lambda: began.append("a"))  # free: at once
-    slots.start(lambda: began.append("b"))  # queued
-    slots.start(lambda: began.append("c"))
+
+    def holder(name: str, takes: bool = True) -> Callable[[], bool]:
+        def begin() -> bool:
+            began.append(name)
+            return takes
+
+        return begin
+
+    slots.start(holder("a"))  # free: at once
+    slots.start(holder("b"))  # queued
+    slots.start(holder("c", takes=False))
+    slots.start(holder("d"))
     assert began == ["a"]
     slots.release()  # a's slot goes to b
     assert began == ["a", "b"]
-    slots.release()
-    slots.release()  # c's: now free
-    assert began == ["a", "b", "c"]
-    slots.start(lambda: began.append("d"))
+    slots.release()  # b's: c declines, so d has it
     assert began == ["a", "b", "c", "d"]
+    slots.release()  # d's: now free
+    slots.start(holder("e"))
+    assert began == ["a", "b", "c", "d", "e"]
 
 
 async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
@@ -697,6 +707,87 @@ async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
     assert woke == urls
     assert most == 2
     assert runners.backlog() == 0
+
+
+async def test_closing_ends_every_runner_still_waiting_for_a_slot_however_many():
+    """A worker stopping with hundreds of runners queued for a slot: closing the runners
+    ends the queued ones at once (their pointers pending, for the next owner), and the
+    slots the running ones give back go to no one. A hand-off that recursed through the
+    queue overflowed the stack past about 500 runners, inside a running wake, which
+    parked that entity with a RecursionError."""
+    crashes: list[Exception] = []
+
+    async def activate(ticket: WakeTicket) -> None:
+        await asyncio.Event().wait()  # a long model call
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        crashes.append(exc)
+
+    runners = Runners(
+        Settings(max_concurrency=4),
+        "w",
+        WarmCache(10, lambda url: None),
+        {},
+        lambda p: "t",
+        activate,
+        crashed,
+    )
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        for n in range(2000):
+            runners.schedule(Pointer(0, f"{n + 1}-0", f"/notes/n{n}"))
+        await runners.drain(0)  # the grace is over: the running wakes are told to stop
+        runners.close()
+        assert sum(t.get_name().startswith("wake ") for t in asyncio.all_tasks()) == 4
+        await runners.stop_all()
+    assert crashes == []
+    assert runners.idle.is_set()
+    assert runners.stranded() == {0}  # pending, for the lease keeper's sweep
+    slots = runners._slots
+    async with asyncio.timeout(10), slots, slots, slots, slots:
+        pass  # every slot was given back
+
+
+async def test_a_runner_cancelled_before_its_first_step_gives_its_slot_and_place_up():
+    """A runner's task is made when a slot is handed to it; a stopping worker can cancel
+    it before it ran a step (none of its code runs then). Its slot and its place go
+    anyway: the runners end idle, every slot free."""
+    go = asyncio.Event()
+
+    async def activate(ticket: WakeTicket) -> None:
+        runners.done(ticket)
+        if ticket.url == "/notes/a":
+            await go.wait()
+
+    async def crashed(ticket: WakeTicket, exc: Exception) -> None:
+        raise AssertionError(exc)
+
+    runners = Runners(
+        Settings(max_concurrency=1),
+        "w",
+        WarmCache(10, lambda url: None),
+        {},
+        lambda p: "t",
+        activate,
+        crashed,
+    )
+    async with asyncio.TaskGroup() as group:
+        runners.open(group)
+        runners.adopt(0)
+        runners.schedule(Pointer(0, "1-0", "/notes/a"))
+        runners.schedule(Pointer(0, "2-0", "/notes/b"))
+        while not go._waiters:  # type: ignore[attr-defined]
+            await asyncio.sleep(0)  # a runs and waits (yield, no wall time)
+        go.set()
+        while not any(t.get_name() == "wake /notes/b" for t in asyncio.all_tasks()):
+            await asyncio.sleep(0)  # a ends, and hands its slot to b: b's task is made
+        runners.close()
+        await runners.stop_all()  # cancels b's task before its first step
+    assert runners.idle.is_set()
+    assert not runners.running("/notes/b")
+    async with asyncio.timeout(10), runners._slots:
+        pass  # its slot was given back
 
 
 async def one_redis_store(cluster: Any) -> Store:
