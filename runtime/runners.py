@@ -51,7 +51,7 @@ class Slots:
 
     def __init__(self, n: int) -> None:
         self._free = n
-        self._waiters: deque[asyncio.Future[None] | Callable[[], None]] = deque()
+        self._waiters: deque[asyncio.Future[None] | Callable[[], bool]] = deque()
 
     async def acquire(self) -> None:
         if self._free > 0 and not self._waiters:
