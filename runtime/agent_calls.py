@@ -29,7 +29,7 @@ from .activation import Activation
 from .agent_tools import AgentTool, Content, RuntimeErrorInfo, ToolResult
 from .blocks import model_blocks
 from .cancellation import CancelSignal
-from .errors import InvalidBlockError, ToolBugError, WakeInterrupted
+from .errors import InvalidBlockError, ToolBugError, WakeInterrupted, describe
 from .events import (
     ActionRequested,
     ActionSettled,
@@ -394,7 +394,9 @@ class ToolCalls:
                 # A failing tool is reported to the model, not a failed run. (CancelledError
                 # and WakeInterrupted are BaseExceptions: they pass.)
                 except Exception as exc:
-                    self.wake.log.warning("tool %s (%s) raised: %r", tool.name, call_id, exc)
+                    self.wake.log.warning(
+                        "tool %s (%s) raised: %s", tool.name, call_id, describe(exc)
+                    )
                     result = ToolResult(
                         f"The tool raised {type(exc).__name__}: {exc}", is_error=True
                     )

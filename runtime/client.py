@@ -50,6 +50,7 @@ from .errors import (
     UnknownEntityTypeError,
     WaitTimeoutError,
     WakefulError,
+    describe,
 )
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
@@ -164,7 +165,9 @@ class Runtime(
     def _worker_ended(self, task: asyncio.Task[None]) -> None:
         """Say at once when the embedded worker stops on its own (close() raises it too)."""
         if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("the embedded worker stopped, no wake runs until a restart: %r", error)
+            log.error(
+                "the embedded worker stopped, no wake runs until a restart: %s", describe(error)
+            )
 
     def _connect(self) -> Redis:
         """A new client with its own pool: of ``redis_url``, or of the embedded server."""

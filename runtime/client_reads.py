@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from .errors import EntityNotFoundError, EventDecodeError, SnapshotError
+from .errors import EntityNotFoundError, EventDecodeError, MetadataError, SnapshotError
 from .events import (
     HistoryEvent,
     LogRecord,
@@ -126,6 +126,8 @@ class StateReads:
         meta = loaded.info
         if meta is None:
             raise EntityNotFoundError(url)
+        if problems := meta.problems():  # a position to fold from cannot be read
+            raise MetadataError("; ".join(problems), url)
         collections = {}
         if meta.type in self.registry:
             collections = self.registry.get(meta.type).state

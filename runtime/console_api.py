@@ -39,7 +39,7 @@ from .events import HandlerFailed, LogRecord, TrimmedRecord, UndecodableRecord, 
 from .http_input import query_int, query_url, resume_position
 from .openapi import CONSOLE_PAGE, JOURNAL_PAGE, TREE_DEPTH
 from .status import STATUSES, EntityStatus
-from .streamids import id_gt
+from .streamids import id_gt, is_stream_id
 from .urls import ID_MAX, parse_url, validate_type_name
 
 Identity = dict[str, str]
@@ -247,7 +247,10 @@ async def _rows(runtime: Runtime, urls: list[str]) -> dict[str, dict[str, Any]]:
 async def _lag(runtime: Runtime, status: EntityStatus) -> dict[str, int]:
     """Inputs appended but not yet handled, and the age of the oldest (ms): read only
     when there are some (the last input is past the cursor)."""
-    if not id_gt(status.last_input, status.cursor):
+    positions = (status.last_input, status.cursor)
+    if not all(map(is_stream_id, positions)):  # corrupted: the row shows the entity failed
+        return {"inputs": 0, "ms": 0}
+    if not id_gt(*positions):
         return {"inputs": 0, "ms": 0}
     inputs, age = await runtime.lag(status.url)
     return {"inputs": inputs, "ms": age}

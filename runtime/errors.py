@@ -21,6 +21,7 @@ swallow them (like trio's ``Cancelled``). The hierarchy::
     |   |   +-- UnreadableHistoryError
     |   +-- SnapshotError                     the snapshot cannot be read: state unknown
     |   |   +-- ConversationChunkError        a snapshot's conversation chunk is missing
+    |   |   +-- MetadataError                 a position in the metadata cannot be read
     |   +-- CollectionError
     |   |   +-- UnknownCollectionError (AttributeError)
     |   |   +-- RowValidationError (ValueError)
@@ -73,6 +74,13 @@ calculator turns into an error result for the model).
 from __future__ import annotations
 
 from typing import Any
+
+
+def describe(exc: BaseException) -> str:
+    """``"<type>: <message>"`` for a log line. Not ``repr``: redis-py 8 gives its errors a
+    ``repr`` without their message (``server:ResponseError``), which left a worker's
+    warning saying that a call failed but not why."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 class WakefulError(Exception):
@@ -173,6 +181,13 @@ class ConversationChunkError(SnapshotError):
     """A snapshot references a conversation chunk that is missing or unreadable, so
     the state is unknown (the commit that writes a snapshot writes its chunks in the
     same script, so only a hand-edited or damaged keyspace shows this)."""
+
+
+class MetadataError(SnapshotError):
+    """Fields of the entity's metadata hash that say where its state stands (the
+    cursor, the outbox marks) cannot be read, so its state is unknown: readers raise
+    this, naming the fields, instead of a parser's error. Only a hand-edited or damaged
+    keyspace shows this (a worker parks the entity with the same words)."""
 
 
 class UnreadableHistoryError(EventDecodeError):

@@ -23,6 +23,7 @@ from .activation import PLAIN, Activation, CommitBatch
 from .cache import WarmCache
 from .config import Settings
 from .delivery import Delivery
+from .errors import describe
 from .events import (
     RUNTIME_EVENT_MAX_BYTES,
     Created,
@@ -84,7 +85,7 @@ class Parking:
             attempt=attempt,
             inputs=input_ids,
         )
-        log.warning("handler of %s failed (attempt %d): %r", ticket.url, attempt, exc)
+        log.warning("handler of %s failed (attempt %d): %s", ticket.url, attempt, describe(exc))
         # A wake of several inputs is retried (one input at a time) rather than parked.
         if attempt < self.settings.max_attempts or len(first_unit(inputs)) < len(inputs):
             record = CommitBatch(

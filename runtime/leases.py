@@ -39,7 +39,7 @@ import anyio
 
 from . import metrics
 from .config import Settings
-from .errors import RedisFullError
+from .errors import RedisFullError, describe
 from .lease_store import Renewal
 from .store import TRANSIENT_ERRORS, BadItem, Pointer, Store
 
@@ -317,10 +317,10 @@ class LeaseKeeper:
             self._warn_once(
                 "acquire",
                 failed[0][1],
-                "worker %s: acquiring partition(s) %s failed: %r",
+                "worker %s: acquiring partition(s) %s failed: %s",
                 self.worker_id,
                 ", ".join(str(p) for p, _ in failed),
-                failed[0][1],
+                describe(failed[0][1]),
             )
         elif wanted:
             self._went_through("acquire")

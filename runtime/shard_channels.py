@@ -39,6 +39,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, RedisError
 
 from .acl import Refusals, missing_right
+from .errors import describe
 from .tasks import OwnedTasks
 
 log = logging.getLogger("wakeful.channels")
@@ -174,7 +175,7 @@ class ShardChannels:
             self._report_refusal(str(exc))
             await self._lose(node, pubsub, REFUSED_RETRY_S)
         except Exception as exc:  # as in _place: the node's channels are lost, not the listener
-            log.warning("shard-channel subscriptions on %s interrupted: %r", node, exc)
+            log.warning("shard-channel subscriptions on %s interrupted: %s", node, describe(exc))
             self._nodes.stale()
             await self._lose(node, pubsub, RESUBSCRIBE_S)
 

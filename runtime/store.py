@@ -46,6 +46,7 @@ from .errors import (
     ConfigError,
     EntityGoneError,
     FencedError,
+    InvalidUrlError,
     NotSentError,
     OwnerChangedError,
     RedisFullError,
@@ -81,6 +82,7 @@ from .script_runner import (
     Script,
 )
 from .shard_channels import OneNode, ShardChannels
+from .urls import parse_url
 
 __all__ = [  # the scripts too, for tests that run them one by one
     "ACQUIRE",
@@ -284,10 +286,15 @@ def _pointer(
         except UnicodeDecodeError:
             reason = f"its 'u' field {url!r} is not UTF-8"
         else:
-            if keys.partition(text) != partition:
-                reason = f"its url {text!r} belongs to partition {keys.partition(text)}"
+            try:
+                parse_url(text)
+            except InvalidUrlError as exc:
+                reason = f"its 'u' field is not an entity url: {exc}"
             else:
-                return Pointer(partition, as_str(entry_id), text)
+                if keys.partition(text) != partition:
+                    reason = f"its url {text!r} belongs to partition {keys.partition(text)}"
+                else:
+                    return Pointer(partition, as_str(entry_id), text)
     detail = " ".join(f"{as_str(f)!r}={v!r}" for f, v in fields.items())
     item = entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()
     return BadItem(partition, "pointer", keys.inbox(partition), item, reason, detail)

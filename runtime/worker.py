@@ -33,7 +33,7 @@ from .capabilities import Capability
 from .config import Settings
 from .connection import dedicated
 from .delivery import Delivery
-from .errors import ConfigError
+from .errors import ConfigError, describe
 from .leases import Lease, LeaseKeeper
 from .listeners import Listeners
 from .pipeline import WakePipeline
@@ -208,7 +208,7 @@ class Worker:
         if failure is not None and not self._killed:
             error = first_error(failure)
             if not isinstance(error, asyncio.CancelledError):
-                log.error("worker %s stopped: %r", self.id, error)
+                log.error("worker %s stopped: %s", self.id, describe(error))
             raise error
         log.info("worker %s stopped", self.id)
 

@@ -123,6 +123,20 @@ async def test_a_pointer_of_another_partition_is_moved_aside(cluster):
     await served(rt, url_in(rt, 3), "still served", seen)
 
 
+async def test_a_pointer_whose_url_is_not_an_entity_url_is_moved_aside(cluster):
+    """A pointer's ``u`` that is text of the right partition but no entity url was
+    acknowledged as a deleted entity's, silently: it goes to the dead-letter stream,
+    named, like the pointers without a url."""
+    seen: list[object] = []
+    rt = await cluster.runtime(app(seen))
+    junk = next(f"junk{n}" for n in range(1000) if rt.store.keys.partition(f"junk{n}") == 3)
+    bad_id = (await rt.store.redis.xadd(rt.store.keys.inbox(3), {"u": junk})).decode()
+    [bad] = await until(rt.store.bad_items, 10, "the pointer in the dead-letter stream")
+    assert bad["item"] == bad_id and "is not an entity url" in bad["reason"]
+    assert junk in bad["reason"]
+    await served(rt, url_in(rt, 3), "still served", seen)
+
+
 async def test_a_malformed_timer_member_is_moved_aside_and_timers_still_fire(
     cluster, caplog: pytest.LogCaptureFixture
 ):

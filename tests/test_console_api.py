@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.gateway_apps import ALICE, BOB, TOKENS, http_for, ops_registry
-from wakeful import console_api
+from wakeful import MetadataError, console_api
 from wakeful.events import HandlerFailed
 from wakeful.gateway import bearer_tokens
 
@@ -146,3 +146,32 @@ async def test_a_listing_reads_a_bounded_number_of_statuses(cluster, monkeypatch
         assert first["entities"] == [] and first["next"] == "/echo/e1"
         last = (await http.get("/entities?status=failed&after=/echo/e1")).json()
         assert last == {**last, "entities": [], "next": None}
+
+
+@pytest.mark.parametrize("field", ["cursor", "last_in"])
+async def test_an_entity_with_a_corrupted_position_is_a_failed_row_not_a_failed_listing(
+    cluster, field
+):
+    """A position in one entity's metadata written over with garbage: the listing and
+    the entity's overview still answer, the entity failed with the field named, and its
+    state is refused naming it (``MetadataError``), never a parser's ValueError."""
+    rt = await cluster.runtime(ops_registry(), run_worker=False)
+    await rt.send("/echo/good", "hi")
+    await rt.send("/echo/bad", "hi")
+    assert rt.store is not None
+    await rt.store.redis.hset(rt.store.keys.meta("/echo/bad"), field, "garbage")
+    named = f"'{field}' is 'garbage'"
+    async with http_for(rt) as http:
+        listing = await http.get("/entities")
+        assert listing.status_code == 200
+        rows = {row["url"]: row for row in listing.json()["entities"]}
+        assert rows["/echo/good"]["lag"]["inputs"] == 2  # created, message
+        assert rows["/echo/bad"]["status"] == "failed" and named in rows["/echo/bad"]["error"]
+        overview = await http.get("/entities/echo/bad/overview")
+        assert overview.status_code == 200 and named in overview.json()["error"]
+    status = await rt.status("/echo/bad", runs=True)
+    assert status.status == "failed" and named in status.error
+    with pytest.raises(MetadataError, match=named):
+        await rt.state("/echo/bad")
+    with pytest.raises(MetadataError, match=named):
+        await rt.history("/echo/bad")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 
 import wakeful.leases as lease_module
 from tests.apps import crashy
 from tests.apps.harness import assert_exactly_once, until, wait_all_idle
-from wakeful import FencedError, StateChanged
+from wakeful import FencedError, Registry, StateChanged
 from wakeful.events import Op, encode_event, pack
 from wakeful.leases import rendezvous_owner
 
@@ -290,3 +291,29 @@ async def test_a_redis_outage_is_logged_once_not_every_tick(tmp_path, prefix, ca
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_an_acquisition_redis_refuses_says_why(cluster, caplog):
+    """A partition whose fencing epoch was written over with text: Redis refuses its
+    acquisition, and the worker's warning names Redis's reason (redis-py 8's ``repr`` of
+    the error, ``server:ResponseError``, said nothing)."""
+    if cluster.backend == "cluster":
+        pytest.skip("one partition's keys; the single-Redis backends show it")
+    caplog.set_level(logging.WARNING, logger="wakeful.leases")
+    client = await cluster.runtime(Registry(), run_worker=False)
+    assert client.store is not None
+    await client.store.redis.set(client.store.keys.epoch(1), "garbage")
+    reg = Registry()
+
+    @reg.entity("noop")
+    async def noop(ctx) -> None:
+        pass
+
+    await cluster.runtime(reg)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "acquiring partition" in r.getMessage()]
+
+    await until(lambda: _true(bool(said())), 30, "the refused acquisition's warning")
+    assert "partition(s) 1 failed" in said()[0] and "ResponseError: " in said()[0]
+    assert "not an integer" in said()[0]
