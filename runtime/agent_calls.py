@@ -397,9 +397,7 @@ class ToolCalls:
                     self.wake.log.warning(
                         "tool %s (%s) raised: %s", tool.name, call_id, describe(exc)
                     )
-                    result = ToolResult(
-                        f"The tool raised {type(exc).__name__}: {exc}", is_error=True
-                    )
+                    result = ToolResult(f"The tool raised {describe(exc)}", is_error=True)
             if not isinstance(result, ToolResult):
                 result = ToolResult(result)
             tracing.tool_result(result.is_error)

@@ -248,9 +248,8 @@ async def _lag(runtime: Runtime, status: EntityStatus) -> dict[str, int]:
     """Inputs appended but not yet handled, and the age of the oldest (ms): read only
     when there are some (the last input is past the cursor)."""
     positions = (status.last_input, status.cursor)
-    if not all(map(is_stream_id, positions)):  # corrupted: the row shows the entity failed
-        return {"inputs": 0, "ms": 0}
-    if not id_gt(*positions):
+    # corrupted positions are not compared: the row shows the entity failed, naming them
+    if not (all(map(is_stream_id, positions)) and id_gt(*positions)):
         return {"inputs": 0, "ms": 0}
     inputs, age = await runtime.lag(status.url)
     return {"inputs": inputs, "ms": age}

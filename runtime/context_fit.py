@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import ToolContractError
+from .errors import ToolContractError, describe
 
 
 def context_gap(provided: Any, needed: Any) -> str | None:
@@ -34,7 +34,7 @@ def context_gap(provided: Any, needed: Any) -> str | None:
     except Exception as exc:  # a type hint that does not resolve, an odd type object
         raise ToolContractError(
             f"cannot compare the context {type_name(needed)} with {type_name(provided)}: "
-            f"{type(exc).__name__}: {exc}"
+            f"{describe(exc)}"
         ) from None
 
 

@@ -39,7 +39,7 @@ from .blocks import TOOL_NAME
 from .cancellation import CancelSignal
 from .capabilities import Capabilities, Capability, CapabilityPool
 from .context_fit import context_gap, tool_context_value, type_name
-from .errors import ToolContractError, ToolFailure
+from .errors import ToolContractError, ToolFailure, describe
 from .models import Model
 
 In = TypeVar("In")
@@ -387,7 +387,7 @@ def define_agent(
     except ToolContractError:
         raise
     except Exception as exc:  # no raw Python error escapes define_agent
-        raise ToolContractError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        raise ToolContractError(f"{where}: {describe(exc)}") from exc
     return agent
 
 

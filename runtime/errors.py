@@ -318,7 +318,7 @@ class ArchiveError(WakefulError):
         self.cause = cause
         super().__init__(
             f"archiving the log entries of {url} before trimming them failed: "
-            f"{type(cause).__name__}: {cause} (nothing was trimmed)"
+            f"{describe(cause)} (nothing was trimmed)"
         )
 
 

@@ -94,7 +94,7 @@ class Parking:
             await commit(self.store, ticket, record, fields={"attempts": attempt})
             s = self.settings
             raise RetryLater(min(s.retry_base_ms * 2 ** (attempt - 1), s.retry_max_ms) / 1000)
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe(exc)
         # Subscribers must not wait forever: the run this wake belongs to finishes as
         # failed. What the failed attempt buffered never happened: take it and drop it.
         act.take_commit()
@@ -144,7 +144,7 @@ class Parking:
             await commit(self.store, ticket, ack=True)
             self._done(ticket)
             return
-        error = f"the runtime failed on this entity: {type(exc).__name__}: {exc}"
+        error = f"the runtime failed on this entity: {describe(exc)}"
         if problems := meta.problems():
             error += f" (corrupted metadata: {'; '.join(problems)})"
         await self.park(ticket.of_incarnation(meta.incarnation), error, [], meta.attempts)

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from . import metrics
 from .client import Runtime
+from .errors import describe
 
 PING_TIMEOUT_S = 2.0
 
@@ -43,7 +44,7 @@ async def readiness(runtime: Runtime) -> dict[str, Any]:
         await store.redis.ping()
         owners = await runtime.partition_owners()
     except Exception as exc:  # Redis down, timed out, refused: not ready, and why
-        report["redis"] = f"{type(exc).__name__}: {exc}"
+        report["redis"] = describe(exc)
         return report
     report["unserved"] = [p for p, owner in owners.items() if owner is None]
     worker = runtime.worker

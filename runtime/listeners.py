@@ -28,6 +28,7 @@ import anyio
 from .cancellation import CancelRequests
 from .config import Settings
 from .due_times import SCHEDULE, TIMER, DueTimes
+from .errors import describe
 from .leases import LeaseKeeper
 from .runners import ReadMark, Runners
 from .schedule_firing import ScheduleFiring
@@ -323,7 +324,7 @@ class Listeners:
         """A timer whose FIRE script fails: retried at the next passes, and moved to the
         dead-letter stream after :data:`FIRE_ATTEMPTS` failures in a row."""
         failures = self._fire_failures[member] = self._fire_failures.get(member, 0) + 1
-        reason = f"firing it failed {failures} times: {type(exc).__name__}: {exc}"
+        reason = f"firing it failed {failures} times: {describe(exc)}"
         if failures < FIRE_ATTEMPTS:
             log.warning("worker %s: timer %r: %s", self.worker_id, member, reason)
             return

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import anyio
 import msgspec
 
-from .errors import MissingAPIKeyError, ModelConfigError, ModelError
+from .errors import MissingAPIKeyError, ModelConfigError, ModelError, describe
 
 __all__ = [
     "AnthropicModel",
@@ -378,7 +378,7 @@ def _model_error(model: str, exc: Exception) -> ModelError:
         # The SDK wraps transport errors of the request, not of reading the stream after it.
         cause, retryable = f"{type(exc).__name__} while reading the response stream: {exc}", True
     else:
-        cause, retryable = f"{type(exc).__name__}: {exc}", False
+        cause, retryable = describe(exc), False
     return ModelError(f"model {model!r} call failed: {cause}", retryable=retryable, model=model)
 
 

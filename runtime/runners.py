@@ -353,9 +353,14 @@ class Runners:
         """A runner's task ended: if it was cancelled before its first step (a stopping
         worker), none of its code ran, so its slot and its place are given up here."""
         if runner.holds_slot:
+            self._give_slot_back(runner)
+            self._end(runner)
+
+    def _give_slot_back(self, runner: Runner) -> None:
+        """Release the slot ``runner`` was started with, if no activation took it."""
+        if runner.holds_slot:
             runner.holds_slot = False
             self._slots.release()
-            self._end(runner)
 
     async def _run_entity(self, runner: Runner) -> None:
         try:
@@ -369,9 +374,7 @@ class Runners:
             log.exception("worker %s: runner of %s crashed", self.worker_id, runner.url)
             self.cache.forget(runner.url)
         finally:
-            if runner.holds_slot:  # ended before its first activation took the slot
-                runner.holds_slot = False
-                self._slots.release()
+            self._give_slot_back(runner)  # ended before its first activation took it
             self._end(runner)
 
     def _end(self, runner: Runner) -> None:

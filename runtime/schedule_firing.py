@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from .errors import WakefulError
+from .errors import WakefulError, describe
 from .events import RUNTIME_EVENT_MAX_BYTES
 from .schedule_store import BadSchedule, DueSchedule
 from .schedules import decode_spec, next_occurrence_ms, occurrence_event
@@ -67,7 +67,7 @@ class ScheduleFiring:
             event = occurrence_event(spec, due.due_ms, limit=RUNTIME_EVENT_MAX_BYTES)
         except (msgspec.DecodeError, msgspec.ValidationError, WakefulError) as exc:
             detail = due.spec.decode(errors="replace")[:1000]
-            reason = f"it cannot be fired: {type(exc).__name__}: {exc}"
+            reason = f"it cannot be fired: {describe(exc)}"
             await self._quarantine(BadSchedule(due.partition, member, reason, detail))
             return
         self._fault("schedule:before-fire")
@@ -83,7 +83,7 @@ class ScheduleFiring:
 
     async def _failed(self, due: DueSchedule, member: bytes, exc: Exception) -> None:
         failures = self._failures[member] = self._failures.get(member, 0) + 1
-        reason = f"firing it failed {failures} times: {type(exc).__name__}: {exc}"
+        reason = f"firing it failed {failures} times: {describe(exc)}"
         if failures < FIRE_ATTEMPTS:
             log.warning("worker %s: schedule %r: %s", self.worker_id, member, reason)
             return

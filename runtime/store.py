@@ -277,27 +277,33 @@ def _pointer(
 ) -> Pointer | BadItem:
     """A pointer read from ``partition``'s inbox, or why it cannot be one."""
     url = fields.get(b"u")
-    reason = ""
     if url is None:
         reason = "it has no 'u' field (the entity url)"
     else:
-        try:
-            text = url.decode()
-        except UnicodeDecodeError:
-            reason = f"its 'u' field {url!r} is not UTF-8"
-        else:
-            try:
-                parse_url(text)
-            except InvalidUrlError as exc:
-                reason = f"its 'u' field is not an entity url: {exc}"
-            else:
-                if keys.partition(text) != partition:
-                    reason = f"its url {text!r} belongs to partition {keys.partition(text)}"
-                else:
-                    return Pointer(partition, as_str(entry_id), text)
+        text, reason = url_of(keys, partition, url)
+        if not reason:
+            return Pointer(partition, as_str(entry_id), text)
+        reason = f"its 'u' field: {reason}"
     detail = " ".join(f"{as_str(f)!r}={v!r}" for f, v in fields.items())
     item = entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()
     return BadItem(partition, "pointer", keys.inbox(partition), item, reason, detail)
+
+
+def url_of(keys: Keyspace, partition: int, raw: bytes) -> tuple[str, str]:
+    """The entity url ``raw`` (a pointer's 'u', a sweep member) names, and "", or "" and
+    why it names no entity of ``partition``."""
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return "", f"{raw!r} is not UTF-8"
+    try:
+        parse_url(text)
+    except InvalidUrlError as exc:
+        return "", f"it is not an entity url: {exc}"
+    owner = keys.partition(text)
+    if owner != partition:
+        return "", f"its url {text!r} belongs to partition {owner}"
+    return text, ""
 
 
 def _check_layout(prefix: str, layout: str) -> None:

@@ -30,10 +30,9 @@ from typing import Protocol
 import anyio
 
 from .config import Settings
-from .errors import ArchiveError, FencedError, InvalidUrlError
+from .errors import ArchiveError, FencedError
 from .retention import Retention
-from .store import TRANSIENT_ERRORS, BadItem, Store
-from .urls import parse_url
+from .store import TRANSIENT_ERRORS, BadItem, Store, url_of
 
 log = logging.getLogger("wakeful.sweep")
 
@@ -140,16 +139,8 @@ class RetentionSweep:
 
     def _url(self, partition: int, member: bytes) -> str | BadItem:
         """The entity url ``member`` names, or why it names none of ``partition``."""
-        key = self.store.keys.trimdue(partition)
-        try:
-            text = member.decode()
-        except UnicodeDecodeError:
-            return BadItem(partition, "sweep", key, member, "it is not UTF-8")
-        try:
-            parse_url(text)
-        except InvalidUrlError as exc:
-            return BadItem(partition, "sweep", key, member, f"it is not an entity url: {exc}")
-        owner = self.store.keys.partition(text)
-        if owner != partition:
-            return BadItem(partition, "sweep", key, member, f"its url belongs to partition {owner}")
-        return text
+        url, reason = url_of(self.store.keys, partition, member)
+        if reason:
+            key = self.store.keys.trimdue(partition)
+            return BadItem(partition, "sweep", key, member, reason)
+        return url

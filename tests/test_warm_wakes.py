@@ -667,6 +667,22 @@ def test_a_started_holder_takes_its_turn_with_the_waiters():
     assert began == ["a", "b", "c", "d", "e"]
 
 
+def bare_runners(
+    slots: int,
+    activate: Callable[[WakeTicket], Awaitable[None]],
+    crashed: Callable[[WakeTicket, Exception], Awaitable[None]],
+) -> Runners:
+    """Runners with ``slots`` slots under a lease that never lapses, and no worker."""
+    settings = Settings(max_concurrency=slots)
+    cache = WarmCache(10, lambda url: None)
+    return Runners(settings, "w", cache, {}, lambda p: "t", activate, crashed)
+
+
+def wake_tasks() -> int:
+    """The runners' tasks that exist now (each is named after its entity's wake)."""
+    return sum(t.get_name().startswith("wake ") for t in asyncio.all_tasks())
+
+
 async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
     """A read of many pointers starts a runner's task only once a slot is free for it:
     with two slots, never more than two wake tasks exist, and every entity wakes once,
@@ -674,9 +690,6 @@ async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
     release = asyncio.Event()
     woke: list[str] = []
     most = 0
-
-    def wake_tasks() -> int:
-        return sum(t.get_name().startswith("wake ") for t in asyncio.all_tasks())
 
     async def activate(ticket: WakeTicket) -> None:
         nonlocal most
@@ -688,10 +701,7 @@ async def test_a_burst_of_pointers_makes_no_more_wake_tasks_than_slots():
     async def crashed(ticket: WakeTicket, exc: Exception) -> None:
         raise AssertionError(exc)
 
-    settings = Settings(max_concurrency=2)
-    runners = Runners(
-        settings, "w", WarmCache(10, lambda url: None), {}, lambda p: "t", activate, crashed
-    )
+    runners = bare_runners(2, activate, crashed)
     urls = [f"/notes/n{i}" for i in range(20)]
     async with asyncio.TaskGroup() as group:
         runners.open(group)
@@ -723,15 +733,7 @@ async def test_closing_ends_every_runner_still_waiting_for_a_slot_however_many()
     async def crashed(ticket: WakeTicket, exc: Exception) -> None:
         crashes.append(exc)
 
-    runners = Runners(
-        Settings(max_concurrency=4),
-        "w",
-        WarmCache(10, lambda url: None),
-        {},
-        lambda p: "t",
-        activate,
-        crashed,
-    )
+    runners = bare_runners(4, activate, crashed)
     async with asyncio.TaskGroup() as group:
         runners.open(group)
         runners.adopt(0)
@@ -739,7 +741,7 @@ async def test_closing_ends_every_runner_still_waiting_for_a_slot_however_many()
             runners.schedule(Pointer(0, f"{n + 1}-0", f"/notes/n{n}"))
         await runners.drain(0)  # the grace is over: the running wakes are told to stop
         runners.close()
-        assert sum(t.get_name().startswith("wake ") for t in asyncio.all_tasks()) == 4
+        assert wake_tasks() == 4
         await runners.stop_all()
     assert crashes == []
     assert runners.idle.is_set()
@@ -763,15 +765,7 @@ async def test_a_runner_cancelled_before_its_first_step_gives_its_slot_and_place
     async def crashed(ticket: WakeTicket, exc: Exception) -> None:
         raise AssertionError(exc)
 
-    runners = Runners(
-        Settings(max_concurrency=1),
-        "w",
-        WarmCache(10, lambda url: None),
-        {},
-        lambda p: "t",
-        activate,
-        crashed,
-    )
+    runners = bare_runners(1, activate, crashed)
     async with asyncio.TaskGroup() as group:
         runners.open(group)
         runners.adopt(0)
